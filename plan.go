@@ -1,0 +1,261 @@
+package sluice
+
+import (
+	"fmt"
+	"math"
+	"math/big"
+	"math/bits"
+	"time"
+)
+
+// Plan is a Limit prepared for exact integer arithmetic on a store's clock,
+// which counts whole ticks (1ns for the in-memory store). Its methods are the
+// reference transition that every store implements: pure functions of
+// (state, plan, now, cost) with no I/O, clock or locks.
+//
+// The rate n tokens per P is reduced by gcd(n, P/tick) to n' tokens every p'
+// ticks. A level is held as Tokens whole tokens plus Frac/p' of a token, so
+// e ticks of refill add exactly e*n' fraction units and nothing is rounded
+// away or invented. Within the bounds of Limit.Validate every intermediate
+// fits in 128 bits.
+//
+// A Plan is a comparable value; the zero Plan is not usable. Build one with
+// NewPlan.
+type Plan struct {
+	limit Limit
+	tick  time.Duration
+	n     uint64 // fraction units added per tick (reduced rate tokens)
+	per   uint64 // ticks per n tokens (reduced), and fraction units per token
+}
+
+// State is the exact state of one bucket under a Plan: the level is
+// Tokens + Frac/Scale tokens, brought up to date at tick Stamp. A valid State
+// has 0 <= Tokens <= capacity, Frac < Scale, and Frac == 0 when
+// Tokens == capacity.
+type State struct {
+	Tokens int64
+	Frac   uint64
+	Stamp  int64
+}
+
+// NewPlan validates l and prepares it for a clock that counts ticks of the
+// given length. The period must be a whole number of ticks. Errors wrap
+// ErrInvalidLimit.
+func NewPlan(l Limit, tick time.Duration) (Plan, error) {
+	if err := l.Validate(); err != nil {
+		return Plan{}, err
+	}
+	if tick <= 0 {
+		return Plan{}, fmt.Errorf("%w: clock tick %v is not positive", ErrInvalidLimit, tick)
+	}
+	if l.Rate.Period%tick != 0 {
+		return Plan{}, fmt.Errorf("%w: period %v is not a whole number of %v (the store's time unit)", ErrInvalidLimit, l.Rate.Period, tick)
+	}
+	n, per := uint64(l.Rate.Tokens), uint64(l.Rate.Period/tick)
+	if n == 0 {
+		per = 1
+	} else {
+		g := gcd(n, per)
+		n, per = n/g, per/g
+	}
+	return Plan{limit: l, tick: tick, n: n, per: per}, nil
+}
+
+// Limit returns the limit p was built from.
+func (p *Plan) Limit() Limit { return p.limit }
+
+// Tick returns the length of one clock tick.
+func (p *Plan) Tick() time.Duration { return p.tick }
+
+// Scale returns the number of fraction units in one token (p' above).
+func (p *Plan) Scale() uint64 { return p.per }
+
+// RefillUnits returns the fraction units added per tick (n' above); zero
+// means the bucket never refills.
+func (p *Plan) RefillUnits() uint64 { return p.n }
+
+// Full returns the state of a bucket seen for the first time at tick now.
+func (p *Plan) Full(now int64) State {
+	return State{Tokens: p.limit.Capacity, Stamp: now}
+}
+
+// Refill brings s up to date at tick now: time never runs backwards inside a
+// bucket (a now before s.Stamp refills nothing and keeps the stamp), and the
+// level grows by exactly (now-Stamp)*n/P, capped at capacity.
+func (p *Plan) Refill(s State, now int64) State {
+	if now <= s.Stamp {
+		return s
+	}
+	if p.n != 0 && s.Tokens < p.limit.Capacity {
+		elapsed := uint64(now) - uint64(s.Stamp) // exact: now > Stamp
+		dhi, dlo := p.deficit(s, p.limit.Capacity)
+		ahi, alo := bits.Mul64(elapsed, p.n)
+		if ahi > dhi || (ahi == dhi && alo >= dlo) {
+			s.Tokens, s.Frac = p.limit.Capacity, 0
+		} else {
+			// frac+added < (capacity-Tokens)*per, so the quotient is below
+			// capacity-Tokens and Div64 cannot overflow.
+			lo, carry := bits.Add64(alo, s.Frac, 0)
+			q, r := bits.Div64(ahi+carry, lo, p.per)
+			s.Tokens += int64(q)
+			s.Frac = r
+		}
+	}
+	s.Stamp = now
+	return s
+}
+
+// Take refills s at tick now and takes cost tokens if the level covers it.
+// It returns the new state (stored either way) and the decision. cost must
+// be in [1, capacity]; Request.Validate checks that.
+func (p *Plan) Take(s State, now int64, cost int64) (State, Decision) {
+	s = p.Refill(s, now)
+	// Frac is less than one token, so level >= cost iff Tokens >= cost.
+	if s.Tokens >= cost {
+		s.Tokens -= cost
+		return s, p.decision(s, true, cost)
+	}
+	return s, p.decision(s, false, cost)
+}
+
+// Peek reports s at tick now as a take of cost 1 would see it, without
+// taking anything.
+func (p *Plan) Peek(s State, now int64) Decision {
+	s = p.Refill(s, now)
+	return p.decision(s, s.Tokens >= 1, 1)
+}
+
+func (p *Plan) decision(s State, allowed bool, cost int64) Decision {
+	d := Decision{Allowed: allowed, Remaining: s.Tokens, Limit: p.limit}
+	if !allowed {
+		d.RetryAfter = p.duration(p.ticksUntil(s, cost))
+	}
+	d.ResetAfter = p.duration(p.ticksUntil(s, p.limit.Capacity))
+	return d
+}
+
+// FullAt returns the tick at which s is full again if nothing is taken;
+// math.MaxInt64 if it never refills or that tick is out of range. A bucket is
+// indistinguishable from a missing one from that tick on.
+func (p *Plan) FullAt(s State) int64 {
+	t, ok := p.ticksUntil(s, p.limit.Capacity)
+	if !ok || t > math.MaxInt64 || s.Stamp > math.MaxInt64-int64(t) {
+		return math.MaxInt64
+	}
+	return s.Stamp + int64(t)
+}
+
+// ticksUntil returns the ticks, rounded up, until the level of s reaches
+// target; ok is false if it never does or the count exceeds 64 bits.
+func (p *Plan) ticksUntil(s State, target int64) (ticks uint64, ok bool) {
+	if s.Tokens >= target {
+		return 0, true
+	}
+	if p.n == 0 {
+		return 0, false
+	}
+	hi, lo := p.deficit(s, target)
+	return ceilDiv(hi, lo, p.n)
+}
+
+// deficit returns (target-level)*per as a 128-bit number; target > Tokens.
+func (p *Plan) deficit(s State, target int64) (hi, lo uint64) {
+	hi, lo = bits.Mul64(uint64(target-s.Tokens), p.per)
+	lo, borrow := bits.Sub64(lo, s.Frac, 0)
+	return hi - borrow, lo
+}
+
+// duration converts whole ticks to a time.Duration, saturating at Never.
+func (p *Plan) duration(ticks uint64, ok bool) time.Duration {
+	if !ok || ticks > uint64(Never/p.tick) {
+		return Never
+	}
+	return time.Duration(ticks) * p.tick
+}
+
+// ChangePolicy says how the level of a bucket carries over when a request
+// arrives with a limit other than the one the bucket was last decided under.
+// The bucket is first refilled under its old limit up to now; the conversion
+// then always rounds down and never leaves more than the new capacity.
+type ChangePolicy uint8
+
+const (
+	// KeepTokens keeps the level, clamped to the new capacity. The default.
+	KeepTokens ChangePolicy = iota
+	// ScaleTokens keeps the level's fraction of capacity:
+	// new level = old level * new capacity / old capacity.
+	ScaleTokens
+	// ResetTokens starts the bucket full under the new limit.
+	ResetTokens
+)
+
+// String returns "keep", "scale" or "reset".
+func (c ChangePolicy) String() string {
+	switch c {
+	case KeepTokens:
+		return "keep"
+	case ScaleTokens:
+		return "scale"
+	case ResetTokens:
+		return "reset"
+	}
+	return fmt.Sprintf("ChangePolicy(%d)", uint8(c))
+}
+
+// Convert carries s, already refilled under from, over to p under policy c.
+// The level is rounded down to p's fraction units; the stamp is kept. A
+// bucket that is full under from is full under p whatever the policy, exactly
+// as if it had expired (which a store may do to full buckets at any time).
+func (p *Plan) Convert(s State, from *Plan, c ChangePolicy) State {
+	out := State{Stamp: s.Stamp}
+	switch {
+	case s.Tokens >= from.limit.Capacity || c == ResetTokens:
+		out.Tokens = p.limit.Capacity
+	case c == ScaleTokens:
+		// units = floor((Tokens*from.per + Frac) * newCap * per / (from.per * oldCap)).
+		// Rare path; math/big keeps it exact whatever the sizes.
+		num := new(big.Int).Mul(big.NewInt(s.Tokens), new(big.Int).SetUint64(from.per))
+		num.Add(num, new(big.Int).SetUint64(s.Frac))
+		num.Mul(num, big.NewInt(p.limit.Capacity))
+		num.Mul(num, new(big.Int).SetUint64(p.per))
+		den := new(big.Int).Mul(new(big.Int).SetUint64(from.per), big.NewInt(from.limit.Capacity))
+		units := num.Quo(num, den)
+		tokens, frac := units.QuoRem(units, new(big.Int).SetUint64(p.per), new(big.Int))
+		out.Tokens, out.Frac = tokens.Int64(), frac.Uint64()
+	default: // KeepTokens
+		if s.Tokens >= p.limit.Capacity {
+			out.Tokens = p.limit.Capacity
+			break
+		}
+		out.Tokens = s.Tokens
+		// Frac < from.per, so the quotient is below p.per.
+		hi, lo := bits.Mul64(s.Frac, p.per)
+		out.Frac, _ = bits.Div64(hi, lo, from.per)
+	}
+	if out.Tokens >= p.limit.Capacity {
+		out.Tokens, out.Frac = p.limit.Capacity, 0
+	}
+	return out
+}
+
+// ceilDiv returns ceil((hi<<64 | lo) / d) and whether it fits in 64 bits.
+func ceilDiv(hi, lo, d uint64) (uint64, bool) {
+	if hi >= d {
+		return 0, false
+	}
+	q, r := bits.Div64(hi, lo, d)
+	if r != 0 {
+		if q == math.MaxUint64 {
+			return 0, false
+		}
+		q++
+	}
+	return q, true
+}
+
+func gcd(a, b uint64) uint64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
