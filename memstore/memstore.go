@@ -1,0 +1,376 @@
+// Package memstore is the in-process sluice.Store: buckets in memory, spread
+// over mutex-guarded shards so distinct keys rarely contend, with a bounded
+// number of keys and lossless reclaiming of full buckets.
+//
+// Time comes from the monotonic clock (time.Now) unless Options.Now injects
+// another; it counts whole nanoseconds, so every decision is exact to the
+// nanosecond.
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unique"
+
+	"github.com/sluicehq/sluice"
+)
+
+// Overflow names what a Store does with a new key (or request ID) when it
+// already holds its maximum and nothing can be reclaimed without loss.
+type Overflow uint8
+
+const (
+	// RefuseNew fails the request with an error wrapping
+	// sluice.ErrTooManyKeys and counts it (Stats.Refused): existing buckets
+	// keep their state, new keys are not limited but refused. The default.
+	RefuseNew Overflow = iota
+	// EvictLRU drops the least recently used of a small random sample of
+	// buckets (the approximation Redis uses) and counts it
+	// (Stats.Evicted). An evicted bucket that was not full comes back full
+	// the next time its key is seen: each eviction can grant that key at
+	// most one extra burst of its capacity.
+	EvictLRU
+)
+
+// String returns "refuse" or "evict-lru".
+func (o Overflow) String() string {
+	switch o {
+	case RefuseNew:
+		return "refuse"
+	case EvictLRU:
+		return "evict-lru"
+	}
+	return fmt.Sprintf("Overflow(%d)", uint8(o))
+}
+
+// Defaults for the zero Options.
+const (
+	DefaultMaxKeys       = 1 << 20
+	DefaultMaxRequestIDs = 1 << 18
+	DefaultRequestIDTTL  = 5 * time.Minute
+	DefaultSweepInterval = 10 * time.Second
+)
+
+// Options configure a Store. The zero value of every field means its
+// documented default.
+type Options struct {
+	// Now is the clock. Default: time.Now, whose monotonic reading makes the
+	// store immune to wall-clock steps. A clock that steps back refills
+	// nothing and never moves a bucket's stamp back.
+	Now func() time.Time
+	// MaxKeys bounds the number of buckets held at once. Default
+	// DefaultMaxKeys (1,048,576); at about 100 bytes each that is about
+	// 100 MiB with short keys.
+	MaxKeys int
+	// Overflow decides what happens to a new key when MaxKeys buckets are
+	// held and none is full (full buckets are always reclaimed first, at no
+	// loss). Default RefuseNew.
+	Overflow Overflow
+	// OnLimitChange converts a bucket's level when a request arrives with a
+	// limit other than the one it was last decided under. Default
+	// sluice.KeepTokens.
+	OnLimitChange sluice.ChangePolicy
+	// RequestIDTTL is how long the first decision of a request ID is
+	// remembered. Default DefaultRequestIDTTL (5 minutes).
+	RequestIDTTL time.Duration
+	// MaxRequestIDs bounds the number of remembered request IDs. When a
+	// shard's share (MaxRequestIDs/shards) is full and none has expired,
+	// Overflow decides: RefuseNew fails a request carrying a new ID with
+	// sluice.ErrTooManyKeys, EvictLRU forgets the oldest ID early. Default
+	// DefaultMaxRequestIDs (262,144).
+	MaxRequestIDs int
+	// SweepInterval is how often a background goroutine drops full
+	// buckets and expired request IDs. Default DefaultSweepInterval (10s);
+	// negative disables it (full buckets are still reclaimed when the store
+	// is at MaxKeys). Close stops it.
+	SweepInterval time.Duration
+	// Shards is the number of independently locked shards, rounded up to a
+	// power of two. Default 256.
+	Shards int
+}
+
+// Store is an in-memory sluice.Store. It is safe for concurrent use. Create
+// one with New and stop its sweeper with Close.
+type Store struct {
+	now      func() time.Time
+	epoch    time.Time
+	seed     maphash.Seed
+	shards   []shard
+	mask     uint64
+	policy   sluice.ChangePolicy
+	overflow Overflow
+	maxKeys  int64
+	idTTL    int64 // nanoseconds
+	idsPer   int   // request IDs per shard
+
+	keys atomic.Int64
+	ids  atomic.Int64
+
+	reclaimed, evicted, refused, idsEvicted atomic.Uint64
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+var _ sluice.Store = (*Store)(nil)
+
+// New returns a Store configured by o and starts its sweeper (unless
+// disabled). Invalid option values (negative sizes) are replaced by defaults.
+func New(o Options) *Store {
+	s := &Store{
+		now:      o.Now,
+		seed:     maphash.MakeSeed(),
+		policy:   o.OnLimitChange,
+		overflow: o.Overflow,
+		maxKeys:  int64(o.MaxKeys),
+		idTTL:    int64(o.RequestIDTTL),
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.maxKeys <= 0 {
+		s.maxKeys = DefaultMaxKeys
+	}
+	if s.idTTL <= 0 {
+		s.idTTL = int64(DefaultRequestIDTTL)
+	}
+	n := 256
+	if o.Shards > 0 {
+		n = 1
+		for n < o.Shards && n < 1<<16 {
+			n <<= 1
+		}
+	}
+	maxIDs := o.MaxRequestIDs
+	if maxIDs <= 0 {
+		maxIDs = DefaultMaxRequestIDs
+	}
+	s.idsPer = max(1, (maxIDs+n-1)/n)
+	s.shards = make([]shard, n)
+	s.mask = uint64(n - 1)
+	for i := range s.shards {
+		s.shards[i].buckets = make(map[string]*bucket)
+		s.shards[i].ids = make(map[idKey]*idRecord)
+		s.shards[i].minFull.Store(math.MaxInt64)
+	}
+	s.epoch = s.now()
+	interval := o.SweepInterval
+	if interval == 0 {
+		interval = DefaultSweepInterval
+	}
+	if interval > 0 {
+		s.stop = make(chan struct{})
+		s.done = make(chan struct{})
+		go s.sweeper(interval)
+	}
+	return s
+}
+
+// Close stops the background sweeper and waits for it to exit. The store
+// stays usable afterwards. Close is idempotent and always returns nil.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		if s.stop != nil {
+			close(s.stop)
+			<-s.done
+		}
+	})
+	return nil
+}
+
+// bucket is one key's state and the plan (limit) it was last decided under.
+type bucket struct {
+	state sluice.State
+	plan  unique.Handle[sluice.Plan]
+}
+
+type idKey struct{ key, id string }
+
+type idRecord struct {
+	cost     int64
+	decision sluice.Decision
+	expires  int64
+}
+
+type idQueued struct {
+	k       idKey
+	expires int64
+}
+
+// shard is one lock's worth of buckets and request IDs.
+type shard struct {
+	mu      sync.Mutex
+	buckets map[string]*bucket
+	// minFull is a lower bound on the tick at which any bucket of the shard
+	// becomes full: no bucket is reclaimable before it. Written under mu,
+	// read without it.
+	minFull atomic.Int64
+	// last caches the most recently compiled plan.
+	last    unique.Handle[sluice.Plan]
+	hasLast bool
+
+	ids   map[idKey]*idRecord
+	queue []idQueued // request IDs in insertion order, for expiry
+	head  int
+
+	_ [64]byte // keep neighbouring shards' locks off one cache line
+}
+
+// Take implements sluice.Store. It returns ctx.Err() if ctx is already done;
+// otherwise it never blocks on anything but the shard lock.
+func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := r.Validate(); err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return sluice.Decision{}, err
+	}
+	sh := &s.shards[maphash.String(s.seed, r.Key)&s.mask]
+	now := s.clock()
+	sh.mu.Lock()
+	d, err := s.take(sh, r, now)
+	sh.mu.Unlock()
+	return d, err
+}
+
+func (s *Store) take(sh *shard, r sluice.Request, now int64) (sluice.Decision, error) {
+	var ik idKey
+	if r.RequestID != "" {
+		ik = idKey{r.Key, r.RequestID}
+		if rec := sh.ids[ik]; rec != nil && now >= rec.expires {
+			delete(sh.ids, ik)
+			s.ids.Add(-1)
+		} else if rec != nil {
+			if rec.cost != r.Cost || rec.decision.Limit != r.Limit {
+				return sluice.Decision{}, fmt.Errorf("%w: request ID %q for this key was first used with cost %d and limit %v, now cost %d and limit %v",
+					sluice.ErrRequestIDConflict, r.RequestID, rec.cost, rec.decision.Limit, r.Cost, r.Limit)
+			}
+			d := rec.decision
+			d.Replayed = true
+			return d, nil
+		}
+		if err := s.reserveID(sh, now); err != nil {
+			return sluice.Decision{}, err
+		}
+	}
+
+	b := sh.buckets[r.Key]
+	var pl sluice.Plan
+	switch {
+	case b == nil:
+		h, err := sh.plan(r.Limit)
+		if err == nil {
+			err = s.reserveKey(sh, now)
+		}
+		if err != nil {
+			if r.RequestID != "" {
+				s.ids.Add(-1)
+			}
+			return sluice.Decision{}, err
+		}
+		pl = h.Value()
+		b = &bucket{state: pl.Full(now), plan: h}
+		sh.buckets[strings.Clone(r.Key)] = b
+	default:
+		pl = b.plan.Value()
+		if pl.Limit() != r.Limit {
+			h, err := sh.plan(r.Limit)
+			if err != nil {
+				if r.RequestID != "" {
+					s.ids.Add(-1)
+				}
+				return sluice.Decision{}, err
+			}
+			next := h.Value()
+			b.state = next.Convert(pl.Refill(b.state, now), &pl, s.policy)
+			b.plan, pl = h, next
+		}
+	}
+
+	var d sluice.Decision
+	b.state, d = pl.Take(b.state, now, r.Cost)
+	if full := fullAt(b.state.Stamp, d.ResetAfter); full < sh.minFull.Load() {
+		sh.minFull.Store(full)
+	}
+	if r.RequestID != "" {
+		ik.key = strings.Clone(ik.key)
+		ik.id = strings.Clone(ik.id)
+		exp := satAdd(now, s.idTTL)
+		sh.ids[ik] = &idRecord{cost: r.Cost, decision: d, expires: exp}
+		sh.queue = append(sh.queue, idQueued{k: ik, expires: exp})
+	}
+	return d, nil
+}
+
+// Peek implements sluice.Store. It creates no state and changes none.
+func (s *Store) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
+	if err := sluice.ValidateKey(key); err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := l.Validate(); err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return sluice.Decision{}, err
+	}
+	sh := &s.shards[maphash.String(s.seed, key)&s.mask]
+	now := s.clock()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	h, err := sh.plan(l)
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	pl := h.Value()
+	b := sh.buckets[key]
+	if b == nil {
+		return pl.Peek(pl.Full(now), now), nil
+	}
+	old := b.plan.Value()
+	if old.Limit() == l {
+		return pl.Peek(b.state, now), nil
+	}
+	return pl.Peek(pl.Convert(old.Refill(b.state, now), &old, s.policy), now), nil
+}
+
+// plan returns the interned plan for l, compiling it on a cache miss.
+func (sh *shard) plan(l sluice.Limit) (unique.Handle[sluice.Plan], error) {
+	if sh.hasLast {
+		if p := sh.last.Value(); p.Limit() == l {
+			return sh.last, nil
+		}
+	}
+	p, err := sluice.NewPlan(l, time.Nanosecond)
+	if err != nil {
+		return unique.Handle[sluice.Plan]{}, err
+	}
+	sh.last, sh.hasLast = unique.Make(p), true
+	return sh.last, nil
+}
+
+// clock returns the current time in nanoseconds since the store's epoch.
+func (s *Store) clock() int64 {
+	return int64(s.now().Sub(s.epoch))
+}
+
+// fullAt returns stamp+wait saturated at math.MaxInt64 (Never stays never).
+func fullAt(stamp int64, wait time.Duration) int64 {
+	if wait == sluice.Never {
+		return math.MaxInt64
+	}
+	return satAdd(stamp, int64(wait))
+}
+
+func satAdd(a, b int64) int64 {
+	if b > 0 && a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
