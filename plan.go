@@ -26,6 +26,8 @@ type Plan struct {
 	tick  time.Duration
 	n     uint64 // fraction units added per tick (reduced rate tokens)
 	per   uint64 // ticks per n tokens (reduced), and fraction units per token
+	// maxTicks is the most ticks a time.Duration holds below Never.
+	maxTicks uint64
 }
 
 // State is the exact state of one bucket under a Plan: the level is
@@ -58,7 +60,7 @@ func NewPlan(l Limit, tick time.Duration) (Plan, error) {
 		g := gcd(n, per)
 		n, per = n/g, per/g
 	}
-	return Plan{limit: l, tick: tick, n: n, per: per}, nil
+	return Plan{limit: l, tick: tick, n: n, per: per, maxTicks: uint64(Never / tick)}, nil
 }
 
 // Limit returns the limit p was built from.
@@ -110,28 +112,38 @@ func (p *Plan) Refill(s State, now int64) State {
 // be in [1, capacity]; Request.Validate checks that.
 func (p *Plan) Take(s State, now int64, cost int64) (State, Decision) {
 	s = p.Refill(s, now)
+	d := Decision{Limit: p.limit}
 	// Frac is less than one token, so level >= cost iff Tokens >= cost.
 	if s.Tokens >= cost {
 		s.Tokens -= cost
-		return s, p.decision(s, true, cost)
+		d.Allowed = true
+	} else {
+		d.RetryAfter = p.wait(s, cost)
 	}
-	return s, p.decision(s, false, cost)
+	d.Remaining = s.Tokens
+	d.ResetAfter = p.wait(s, p.limit.Capacity)
+	return s, d
 }
 
 // Peek reports s at tick now as a take of cost 1 would see it, without
 // taking anything.
 func (p *Plan) Peek(s State, now int64) Decision {
 	s = p.Refill(s, now)
-	return p.decision(s, s.Tokens >= 1, 1)
+	d := Decision{Allowed: s.Tokens >= 1, Remaining: s.Tokens, Limit: p.limit}
+	d.RetryAfter = p.wait(s, 1)
+	d.ResetAfter = p.wait(s, p.limit.Capacity)
+	return d
 }
 
-func (p *Plan) decision(s State, allowed bool, cost int64) Decision {
-	d := Decision{Allowed: allowed, Remaining: s.Tokens, Limit: p.limit}
-	if !allowed {
-		d.RetryAfter = p.duration(p.ticksUntil(s, cost))
+// wait returns the time until the level of s reaches target, rounded up to
+// whole ticks: zero if it already has, Never if it never does or the wait
+// exceeds a time.Duration.
+func (p *Plan) wait(s State, target int64) time.Duration {
+	t, ok := p.ticksUntil(s, target)
+	if !ok || t > p.maxTicks {
+		return Never
 	}
-	d.ResetAfter = p.duration(p.ticksUntil(s, p.limit.Capacity))
-	return d
+	return time.Duration(t) * p.tick
 }
 
 // FullAt returns the tick at which s is full again if nothing is taken;
@@ -163,14 +175,6 @@ func (p *Plan) deficit(s State, target int64) (hi, lo uint64) {
 	hi, lo = bits.Mul64(uint64(target-s.Tokens), p.per)
 	lo, borrow := bits.Sub64(lo, s.Frac, 0)
 	return hi - borrow, lo
-}
-
-// duration converts whole ticks to a time.Duration, saturating at Never.
-func (p *Plan) duration(ticks uint64, ok bool) time.Duration {
-	if !ok || ticks > uint64(Never/p.tick) {
-		return Never
-	}
-	return time.Duration(ticks) * p.tick
 }
 
 // ChangePolicy says how the level of a bucket carries over when a request

@@ -91,10 +91,10 @@ func (s *Store) sweep(sh *shard, now int64) int {
 	removed := 0
 	next := int64(math.MaxInt64)
 	for k, b := range sh.buckets {
-		pl := b.plan.Value()
-		full := pl.FullAt(b.state)
+		full := b.plan.plan.FullAt(b.state)
 		if full <= now {
 			delete(sh.buckets, k)
+			sh.release(b.plan)
 			removed++
 		} else if full < next {
 			next = full
@@ -137,10 +137,11 @@ func (s *Store) evict(sh *shard) bool {
 // of sh's buckets (map iteration starts at a random place).
 func evictFrom(sh *shard) bool {
 	var victim string
+	var vb *bucket
 	oldest, seen := int64(math.MaxInt64), 0
 	for k, b := range sh.buckets {
 		if b.state.Stamp <= oldest {
-			victim, oldest = k, b.state.Stamp
+			victim, vb, oldest = k, b, b.state.Stamp
 		}
 		if seen++; seen == evictSample {
 			break
@@ -150,6 +151,7 @@ func evictFrom(sh *shard) bool {
 		return false
 	}
 	delete(sh.buckets, victim)
+	sh.release(vb.plan)
 	return true
 }
 

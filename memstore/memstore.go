@@ -16,7 +16,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unique"
 
 	"github.com/sluicehq/sluice"
 )
@@ -100,6 +99,7 @@ type Options struct {
 type Store struct {
 	now      func() time.Time
 	epoch    time.Time
+	clock    func() int64 // nanoseconds since epoch
 	seed     maphash.Seed
 	shards   []shard
 	mask     uint64
@@ -158,9 +158,16 @@ func New(o Options) *Store {
 	for i := range s.shards {
 		s.shards[i].buckets = make(map[string]*bucket)
 		s.shards[i].ids = make(map[idKey]*idRecord)
+		s.shards[i].plans = make(map[sluice.Limit]*planRef)
 		s.shards[i].minFull.Store(math.MaxInt64)
 	}
 	s.epoch = s.now()
+	if o.Now == nil {
+		// time.Since reads only the monotonic clock; time.Now reads two.
+		s.clock = func() int64 { return int64(time.Since(s.epoch)) }
+	} else {
+		s.clock = func() int64 { return int64(s.now().Sub(s.epoch)) }
+	}
 	interval := o.SweepInterval
 	if interval == 0 {
 		interval = DefaultSweepInterval
@@ -188,7 +195,7 @@ func (s *Store) Close() error {
 // bucket is one key's state and the plan (limit) it was last decided under.
 type bucket struct {
 	state sluice.State
-	plan  unique.Handle[sluice.Plan]
+	plan  *planRef
 }
 
 type idKey struct{ key, id string }
@@ -212,9 +219,8 @@ type shard struct {
 	// becomes full: no bucket is reclaimable before it. Written under mu,
 	// read without it.
 	minFull atomic.Int64
-	// last caches the most recently compiled plan.
-	last    unique.Handle[sluice.Plan]
-	hasLast bool
+	// plans holds the limits in use by the shard's buckets, compiled.
+	plans map[sluice.Limit]*planRef
 
 	ids   map[idKey]*idRecord
 	queue []idQueued // request IDs in insertion order, for expiry
@@ -235,12 +241,12 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	sh := &s.shards[maphash.String(s.seed, r.Key)&s.mask]
 	now := s.clock()
 	sh.mu.Lock()
-	d, err := s.take(sh, r, now)
+	d, err := s.take(sh, &r, now)
 	sh.mu.Unlock()
 	return d, err
 }
 
-func (s *Store) take(sh *shard, r sluice.Request, now int64) (sluice.Decision, error) {
+func (s *Store) take(sh *shard, r *sluice.Request, now int64) (sluice.Decision, error) {
 	var ik idKey
 	if r.RequestID != "" {
 		ik = idKey{r.Key, r.RequestID}
@@ -262,12 +268,13 @@ func (s *Store) take(sh *shard, r sluice.Request, now int64) (sluice.Decision, e
 	}
 
 	b := sh.buckets[r.Key]
-	var pl sluice.Plan
 	switch {
 	case b == nil:
-		h, err := sh.plan(r.Limit)
+		pr, err := sh.acquire(r.Limit)
 		if err == nil {
-			err = s.reserveKey(sh, now)
+			if err = s.reserveKey(sh, now); err != nil {
+				sh.release(pr)
+			}
 		}
 		if err != nil {
 			if r.RequestID != "" {
@@ -275,27 +282,24 @@ func (s *Store) take(sh *shard, r sluice.Request, now int64) (sluice.Decision, e
 			}
 			return sluice.Decision{}, err
 		}
-		pl = h.Value()
-		b = &bucket{state: pl.Full(now), plan: h}
+		b = &bucket{state: pr.plan.Full(now), plan: pr}
 		sh.buckets[strings.Clone(r.Key)] = b
-	default:
-		pl = b.plan.Value()
-		if pl.Limit() != r.Limit {
-			h, err := sh.plan(r.Limit)
-			if err != nil {
-				if r.RequestID != "" {
-					s.ids.Add(-1)
-				}
-				return sluice.Decision{}, err
+	case b.plan.plan.Limit() != r.Limit:
+		pr, err := sh.acquire(r.Limit)
+		if err != nil {
+			if r.RequestID != "" {
+				s.ids.Add(-1)
 			}
-			next := h.Value()
-			b.state = next.Convert(pl.Refill(b.state, now), &pl, s.policy)
-			b.plan, pl = h, next
+			return sluice.Decision{}, err
 		}
+		old := b.plan
+		b.state = pr.plan.Convert(old.plan.Refill(b.state, now), &old.plan, s.policy)
+		b.plan = pr
+		sh.release(old)
 	}
 
 	var d sluice.Decision
-	b.state, d = pl.Take(b.state, now, r.Cost)
+	b.state, d = b.plan.plan.Take(b.state, now, r.Cost)
 	if full := fullAt(b.state.Stamp, d.ResetAfter); full < sh.minFull.Load() {
 		sh.minFull.Store(full)
 	}
@@ -314,7 +318,8 @@ func (s *Store) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.De
 	if err := sluice.ValidateKey(key); err != nil {
 		return sluice.Decision{}, err
 	}
-	if err := l.Validate(); err != nil {
+	pl, err := sluice.NewPlan(l, time.Nanosecond)
+	if err != nil {
 		return sluice.Decision{}, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -324,40 +329,44 @@ func (s *Store) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.De
 	now := s.clock()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	h, err := sh.plan(l)
-	if err != nil {
-		return sluice.Decision{}, err
-	}
-	pl := h.Value()
 	b := sh.buckets[key]
-	if b == nil {
+	switch {
+	case b == nil:
 		return pl.Peek(pl.Full(now), now), nil
-	}
-	old := b.plan.Value()
-	if old.Limit() == l {
+	case b.plan.plan.Limit() == l:
 		return pl.Peek(b.state, now), nil
 	}
-	return pl.Peek(pl.Convert(old.Refill(b.state, now), &old, s.policy), now), nil
+	old := &b.plan.plan
+	return pl.Peek(pl.Convert(old.Refill(b.state, now), old, s.policy), now), nil
 }
 
-// plan returns the interned plan for l, compiling it on a cache miss.
-func (sh *shard) plan(l sluice.Limit) (unique.Handle[sluice.Plan], error) {
-	if sh.hasLast {
-		if p := sh.last.Value(); p.Limit() == l {
-			return sh.last, nil
-		}
+// planRef is a compiled limit shared by the buckets of one shard that use it.
+type planRef struct {
+	plan sluice.Plan
+	refs int
+}
+
+// acquire returns the shard's plan for l, compiling it if no bucket of the
+// shard uses l yet, and counts one more user.
+func (sh *shard) acquire(l sluice.Limit) (*planRef, error) {
+	if pr := sh.plans[l]; pr != nil {
+		pr.refs++
+		return pr, nil
 	}
 	p, err := sluice.NewPlan(l, time.Nanosecond)
 	if err != nil {
-		return unique.Handle[sluice.Plan]{}, err
+		return nil, err
 	}
-	sh.last, sh.hasLast = unique.Make(p), true
-	return sh.last, nil
+	pr := &planRef{plan: p, refs: 1}
+	sh.plans[l] = pr
+	return pr, nil
 }
 
-// clock returns the current time in nanoseconds since the store's epoch.
-func (s *Store) clock() int64 {
-	return int64(s.now().Sub(s.epoch))
+// release counts one user fewer of pr and forgets it when none is left.
+func (sh *shard) release(pr *planRef) {
+	if pr.refs--; pr.refs == 0 {
+		delete(sh.plans, pr.plan.Limit())
+	}
 }
 
 // fullAt returns stamp+wait saturated at math.MaxInt64 (Never stays never).
