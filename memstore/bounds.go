@@ -90,11 +90,12 @@ func (s *Store) reclaim(sh *shard, now int64) bool {
 func (s *Store) sweep(sh *shard, now int64) int {
 	removed := 0
 	next := int64(math.MaxInt64)
-	for k, b := range sh.buckets {
-		full := b.plan.plan.FullAt(b.state)
+	// Backwards, so the entry remove moves into a gap was already seen.
+	for idx := len(sh.table.entries) - 1; idx >= 0; idx-- {
+		e := &sh.table.entries[idx]
+		full := e.plan.plan.FullAt(e.state)
 		if full <= now {
-			delete(sh.buckets, k)
-			sh.release(b.plan)
+			s.drop(sh, idx)
 			removed++
 		} else if full < next {
 			next = full
@@ -108,13 +109,18 @@ func (s *Store) sweep(sh *shard, now int64) int {
 	return removed
 }
 
+// drop deletes the bucket at idx of sh's table.
+func (s *Store) drop(sh *shard, idx int) {
+	e := &sh.table.entries[idx]
+	sh.release(e.plan)
+	sh.table.remove(idx, tag(s.hash(e.key), s.shardBits), s.shardBits, s.hash)
+}
+
 // evict drops the least recently used of a sample of buckets, from sh if it
 // has any, else from another shard it can lock without waiting. It reports
 // whether it dropped one.
 func (s *Store) evict(sh *shard) bool {
-	if evictFrom(sh) {
-		s.keys.Add(-1)
-		s.evicted.Add(1)
+	if s.evictFrom(sh) {
 		return true
 	}
 	for i := range s.shards {
@@ -122,11 +128,9 @@ func (s *Store) evict(sh *shard) bool {
 		if o == sh || !o.mu.TryLock() {
 			continue
 		}
-		ok := evictFrom(o)
+		ok := s.evictFrom(o)
 		o.mu.Unlock()
 		if ok {
-			s.keys.Add(-1)
-			s.evicted.Add(1)
 			return true
 		}
 	}
@@ -134,24 +138,15 @@ func (s *Store) evict(sh *shard) bool {
 }
 
 // evictFrom deletes the bucket with the oldest stamp among a random sample
-// of sh's buckets (map iteration starts at a random place).
-func evictFrom(sh *shard) bool {
-	var victim string
-	var vb *bucket
-	oldest, seen := int64(math.MaxInt64), 0
-	for k, b := range sh.buckets {
-		if b.state.Stamp <= oldest {
-			victim, vb, oldest = k, b, b.state.Stamp
-		}
-		if seen++; seen == evictSample {
-			break
-		}
-	}
-	if seen == 0 {
+// of sh's buckets.
+func (s *Store) evictFrom(sh *shard) bool {
+	idx := sh.table.oldest(evictSample)
+	if idx < 0 {
 		return false
 	}
-	delete(sh.buckets, victim)
-	sh.release(vb.plan)
+	s.drop(sh, idx)
+	s.keys.Add(-1)
+	s.evicted.Add(1)
 	return true
 }
 

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
+	"math/bits"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -97,17 +98,18 @@ type Options struct {
 // Store is an in-memory sluice.Store. It is safe for concurrent use. Create
 // one with New and stop its sweeper with Close.
 type Store struct {
-	now      func() time.Time
-	epoch    time.Time
-	clock    func() int64 // nanoseconds since epoch
-	seed     maphash.Seed
-	shards   []shard
-	mask     uint64
-	policy   sluice.ChangePolicy
-	overflow Overflow
-	maxKeys  int64
-	idTTL    int64 // nanoseconds
-	idsPer   int   // request IDs per shard
+	now       func() time.Time
+	epoch     time.Time
+	clock     func() int64 // nanoseconds since epoch
+	seed      maphash.Seed
+	shards    []shard
+	mask      uint64
+	shardBits uint
+	policy    sluice.ChangePolicy
+	overflow  Overflow
+	maxKeys   int64
+	idTTL     int64 // nanoseconds
+	idsPer    int   // request IDs per shard
 
 	keys atomic.Int64
 	ids  atomic.Int64
@@ -155,8 +157,8 @@ func New(o Options) *Store {
 	s.idsPer = max(1, (maxIDs+n-1)/n)
 	s.shards = make([]shard, n)
 	s.mask = uint64(n - 1)
+	s.shardBits = uint(bits.Len(uint(n - 1)))
 	for i := range s.shards {
-		s.shards[i].buckets = make(map[string]*bucket)
 		s.shards[i].ids = make(map[idKey]*idRecord)
 		s.shards[i].plans = make(map[sluice.Limit]*planRef)
 		s.shards[i].minFull.Store(math.MaxInt64)
@@ -192,12 +194,6 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// bucket is one key's state and the plan (limit) it was last decided under.
-type bucket struct {
-	state sluice.State
-	plan  *planRef
-}
-
 type idKey struct{ key, id string }
 
 type idRecord struct {
@@ -213,8 +209,8 @@ type idQueued struct {
 
 // shard is one lock's worth of buckets and request IDs.
 type shard struct {
-	mu      sync.Mutex
-	buckets map[string]*bucket
+	mu    sync.Mutex
+	table table
 	// minFull is a lower bound on the tick at which any bucket of the shard
 	// becomes full: no bucket is reclaimable before it. Written under mu,
 	// read without it.
@@ -238,15 +234,16 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	if err := ctx.Err(); err != nil {
 		return sluice.Decision{}, err
 	}
-	sh := &s.shards[maphash.String(s.seed, r.Key)&s.mask]
+	h := maphash.String(s.seed, r.Key)
+	sh := &s.shards[h&s.mask]
 	now := s.clock()
 	sh.mu.Lock()
-	d, err := s.take(sh, &r, now)
+	d, err := s.take(sh, &r, tag(h, s.shardBits), now)
 	sh.mu.Unlock()
 	return d, err
 }
 
-func (s *Store) take(sh *shard, r *sluice.Request, now int64) (sluice.Decision, error) {
+func (s *Store) take(sh *shard, r *sluice.Request, tg uint32, now int64) (sluice.Decision, error) {
 	var ik idKey
 	if r.RequestID != "" {
 		ik = idKey{r.Key, r.RequestID}
@@ -267,9 +264,10 @@ func (s *Store) take(sh *shard, r *sluice.Request, now int64) (sluice.Decision, 
 		}
 	}
 
-	b := sh.buckets[r.Key]
+	idx, _ := sh.table.find(r.Key, tg)
+	var b *entry
 	switch {
-	case b == nil:
+	case idx < 0:
 		pr, err := sh.acquire(r.Limit)
 		if err == nil {
 			if err = s.reserveKey(sh, now); err != nil {
@@ -282,9 +280,11 @@ func (s *Store) take(sh *shard, r *sluice.Request, now int64) (sluice.Decision, 
 			}
 			return sluice.Decision{}, err
 		}
-		b = &bucket{state: pr.plan.Full(now), plan: pr}
-		sh.buckets[strings.Clone(r.Key)] = b
-	case b.plan.plan.Limit() != r.Limit:
+		key := strings.Clone(r.Key)
+		idx = sh.table.insert(key, tg, entry{key: key, state: pr.plan.Full(now), plan: pr}, s.shardBits, s.hash)
+		b = &sh.table.entries[idx]
+	case sh.table.entries[idx].plan.plan.Limit() != r.Limit:
+		b = &sh.table.entries[idx]
 		pr, err := sh.acquire(r.Limit)
 		if err != nil {
 			if r.RequestID != "" {
@@ -296,6 +296,8 @@ func (s *Store) take(sh *shard, r *sluice.Request, now int64) (sluice.Decision, 
 		b.state = pr.plan.Convert(old.plan.Refill(b.state, now), &old.plan, s.policy)
 		b.plan = pr
 		sh.release(old)
+	default:
+		b = &sh.table.entries[idx]
 	}
 
 	var d sluice.Decision
@@ -325,15 +327,17 @@ func (s *Store) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.De
 	if err := ctx.Err(); err != nil {
 		return sluice.Decision{}, err
 	}
-	sh := &s.shards[maphash.String(s.seed, key)&s.mask]
+	h := maphash.String(s.seed, key)
+	sh := &s.shards[h&s.mask]
 	now := s.clock()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	b := sh.buckets[key]
-	switch {
-	case b == nil:
+	idx, _ := sh.table.find(key, tag(h, s.shardBits))
+	if idx < 0 {
 		return pl.Peek(pl.Full(now), now), nil
-	case b.plan.plan.Limit() == l:
+	}
+	b := &sh.table.entries[idx]
+	if b.plan.plan.Limit() == l {
 		return pl.Peek(b.state, now), nil
 	}
 	old := &b.plan.plan
@@ -368,6 +372,10 @@ func (sh *shard) release(pr *planRef) {
 		delete(sh.plans, pr.plan.Limit())
 	}
 }
+
+// hash is the store's hash of a key: its low bits pick the shard, the rest
+// index the shard's table.
+func (s *Store) hash(key string) uint64 { return maphash.String(s.seed, key) }
 
 // fullAt returns stamp+wait saturated at math.MaxInt64 (Never stays never).
 func fullAt(stamp int64, wait time.Duration) int64 {

@@ -1,0 +1,57 @@
+// Command sluice runs Sluice's tools. Subcommands:
+//
+//	sluice simulate -limit "10 1/s" [-summary] < trace
+//
+// simulate replays a trace through the in-memory store under a proposed
+// limit and prints every decision, so a limit can be tried on recorded
+// traffic before it is deployed. A trace line is "offset key [cost]": the
+// offset is a duration since the start of the trace (for example 0s, 150ms,
+// 2m), lines may come in any order of offsets (an earlier offset than the
+// last is a clock step backwards, which refills nothing), the cost defaults
+// to 1, and blank lines and lines starting with # are skipped.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sluice:", err)
+		os.Exit(2)
+	}
+}
+
+const usage = `usage: sluice <command> [flags]
+
+commands:
+  simulate   replay a trace of requests under a proposed limit
+
+Run "sluice <command> -h" for a command's flags.`
+
+var errUsage = errors.New("unknown or missing command")
+
+// run parses args and runs one subcommand.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, usage)
+		return errUsage
+	}
+	switch args[0] {
+	case "simulate":
+		return simulate(ctx, args[1:], stdin, stdout, stderr)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprintln(stdout, usage)
+		return nil
+	}
+	fmt.Fprintln(stderr, usage)
+	return fmt.Errorf("%w: %q", errUsage, args[0])
+}
