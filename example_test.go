@@ -56,12 +56,13 @@ func ExamplePlan() {
 	if err != nil {
 		panic(err)
 	}
+	var d sluice.Decision
 	s := p.Full(0)
-	s, d := p.Take(s, 0, 10) // empty the bucket at t=0
+	p.Take(&s, 0, 10, &d) // empty the bucket at t=0
 	fmt.Println(d.Allowed, d.Remaining, d.ResetAfter)
-	s, d = p.Take(s, int64(150*time.Millisecond), 2)
+	p.Take(&s, int64(150*time.Millisecond), 2, &d)
 	fmt.Println(d.Allowed, d.Remaining, d.RetryAfter)
-	_, d = p.Take(s, int64(150*time.Millisecond), 1)
+	p.Take(&s, int64(150*time.Millisecond), 1, &d)
 	fmt.Println(d.Allowed, d.Remaining, d.ResetAfter)
 	// Output:
 	// true 0 1s

@@ -107,22 +107,32 @@ func (p *Plan) Refill(s State, now int64) State {
 	return s
 }
 
-// Take refills s at tick now and takes cost tokens if the level covers it.
-// It returns the new state (stored either way) and the decision. cost must
-// be in [1, capacity]; Request.Validate checks that.
-func (p *Plan) Take(s State, now int64, cost int64) (State, Decision) {
-	s = p.Refill(s, now)
-	d := Decision{Limit: p.limit}
-	// Frac is less than one token, so level >= cost iff Tokens >= cost.
-	if s.Tokens >= cost {
-		s.Tokens -= cost
-		d.Allowed = true
-	} else {
-		d.RetryAfter = p.wait(s, cost)
+// Take refills *s at tick now, takes cost tokens if the level covers it,
+// and writes the decision to *d (every field: Replayed and Degraded are
+// false). The refilled state is kept either way. cost must be in
+// [1, capacity]; Request.Validate checks that. Take writes through pointers
+// so that a store's hot path copies neither the state nor the decision.
+func (p *Plan) Take(s *State, now int64, cost int64, d *Decision) {
+	if now > s.Stamp {
+		*s = p.Refill(*s, now)
 	}
-	d.Remaining = s.Tokens
-	d.ResetAfter = p.wait(s, p.limit.Capacity)
-	return s, d
+	st := *s
+	// Frac is less than one token, so level >= cost iff Tokens >= cost.
+	allowed := st.Tokens >= cost
+	var retry time.Duration
+	if allowed {
+		st.Tokens -= cost
+	} else {
+		retry = p.wait(st, cost)
+	}
+	*s = st
+	*d = Decision{
+		Allowed:    allowed,
+		Remaining:  st.Tokens,
+		RetryAfter: retry,
+		ResetAfter: p.wait(st, p.limit.Capacity),
+		Limit:      p.limit,
+	}
 }
 
 // Peek reports s at tick now as a take of cost 1 would see it, without
@@ -244,6 +254,9 @@ func (p *Plan) Convert(s State, from *Plan, c ChangePolicy) State {
 
 // ceilDiv returns ceil((hi<<64 | lo) / d) and whether it fits in 64 bits.
 func ceilDiv(hi, lo, d uint64) (uint64, bool) {
+	if d == 1 {
+		return lo, hi == 0
+	}
 	if hi >= d {
 		return 0, false
 	}

@@ -225,25 +225,48 @@ type shard struct {
 	_ [64]byte // keep neighbouring shards' locks off one cache line
 }
 
-// Take implements sluice.Store. It returns ctx.Err() if ctx is already done;
-// otherwise it never blocks on anything but the shard lock.
-func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
-	if err := r.Validate(); err != nil {
-		return sluice.Decision{}, err
-	}
-	if err := ctx.Err(); err != nil {
-		return sluice.Decision{}, err
+// Take implements sluice.Store. A request that passes validation returns
+// ctx.Err() if ctx is already done; otherwise Take never blocks on anything
+// but the shard lock.
+func (s *Store) Take(ctx context.Context, r sluice.Request) (d sluice.Decision, err error) {
+	if len(r.Key) > sluice.MaxKeyLen {
+		return d, r.Validate() // refuse before hashing a huge key
 	}
 	h := maphash.String(s.seed, r.Key)
 	sh := &s.shards[h&s.mask]
+	tg := tag(h, s.shardBits)
 	now := s.clock()
 	sh.mu.Lock()
-	d, err := s.take(sh, &r, tag(h, s.shardBits), now)
+	// The hot path: an existing bucket, the same limit, no request ID. The
+	// bucket's key and limit were validated when it was created, so only
+	// the cost is left to check.
+	if r.RequestID == "" && r.Cost >= 1 && r.Cost <= r.Limit.Capacity {
+		if idx, _ := sh.table.find(r.Key, tg); idx >= 0 {
+			e := &sh.table.entries[idx]
+			if pl := &e.plan.plan; pl.Limit() == r.Limit {
+				if err = ctx.Err(); err == nil {
+					pl.Take(&e.state, now, r.Cost, &d)
+					sh.noteFullAt(e.state.Stamp, d.ResetAfter)
+				}
+				sh.mu.Unlock()
+				return d, err
+			}
+		}
+	}
+	err = s.take(ctx, sh, &r, tg, now, &d)
 	sh.mu.Unlock()
 	return d, err
 }
 
-func (s *Store) take(sh *shard, r *sluice.Request, tg uint32, now int64) (sluice.Decision, error) {
+// take is the general path of Take, with sh locked: it validates r, answers
+// request-ID replays, creates buckets and converts limits.
+func (s *Store) take(ctx context.Context, sh *shard, r *sluice.Request, tg uint32, now int64, d *sluice.Decision) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	var ik idKey
 	if r.RequestID != "" {
 		ik = idKey{r.Key, r.RequestID}
@@ -252,15 +275,15 @@ func (s *Store) take(sh *shard, r *sluice.Request, tg uint32, now int64) (sluice
 			s.ids.Add(-1)
 		} else if rec != nil {
 			if rec.cost != r.Cost || rec.decision.Limit != r.Limit {
-				return sluice.Decision{}, fmt.Errorf("%w: request ID %q for this key was first used with cost %d and limit %v, now cost %d and limit %v",
+				return fmt.Errorf("%w: request ID %q for this key was first used with cost %d and limit %v, now cost %d and limit %v",
 					sluice.ErrRequestIDConflict, r.RequestID, rec.cost, rec.decision.Limit, r.Cost, r.Limit)
 			}
-			d := rec.decision
+			*d = rec.decision
 			d.Replayed = true
-			return d, nil
+			return nil
 		}
 		if err := s.reserveID(sh, now); err != nil {
-			return sluice.Decision{}, err
+			return err
 		}
 	}
 
@@ -278,7 +301,7 @@ func (s *Store) take(sh *shard, r *sluice.Request, tg uint32, now int64) (sluice
 			if r.RequestID != "" {
 				s.ids.Add(-1)
 			}
-			return sluice.Decision{}, err
+			return err
 		}
 		key := strings.Clone(r.Key)
 		idx = sh.table.insert(key, tg, entry{key: key, state: pr.plan.Full(now), plan: pr}, s.shardBits, s.hash)
@@ -290,7 +313,7 @@ func (s *Store) take(sh *shard, r *sluice.Request, tg uint32, now int64) (sluice
 			if r.RequestID != "" {
 				s.ids.Add(-1)
 			}
-			return sluice.Decision{}, err
+			return err
 		}
 		old := b.plan
 		b.state = pr.plan.Convert(old.plan.Refill(b.state, now), &old.plan, s.policy)
@@ -300,19 +323,16 @@ func (s *Store) take(sh *shard, r *sluice.Request, tg uint32, now int64) (sluice
 		b = &sh.table.entries[idx]
 	}
 
-	var d sluice.Decision
-	b.state, d = b.plan.plan.Take(b.state, now, r.Cost)
-	if full := fullAt(b.state.Stamp, d.ResetAfter); full < sh.minFull.Load() {
-		sh.minFull.Store(full)
-	}
+	b.plan.plan.Take(&b.state, now, r.Cost, d)
+	sh.noteFullAt(b.state.Stamp, d.ResetAfter)
 	if r.RequestID != "" {
 		ik.key = strings.Clone(ik.key)
 		ik.id = strings.Clone(ik.id)
 		exp := satAdd(now, s.idTTL)
-		sh.ids[ik] = &idRecord{cost: r.Cost, decision: d, expires: exp}
+		sh.ids[ik] = &idRecord{cost: r.Cost, decision: *d, expires: exp}
 		sh.queue = append(sh.queue, idQueued{k: ik, expires: exp})
 	}
-	return d, nil
+	return nil
 }
 
 // Peek implements sluice.Store. It creates no state and changes none.
@@ -376,6 +396,14 @@ func (sh *shard) release(pr *planRef) {
 // hash is the store's hash of a key: its low bits pick the shard, the rest
 // index the shard's table.
 func (s *Store) hash(key string) uint64 { return maphash.String(s.seed, key) }
+
+// noteFullAt lowers the shard's bound on the next full bucket to the tick
+// a bucket with this stamp and ResetAfter is full.
+func (sh *shard) noteFullAt(stamp int64, resetAfter time.Duration) {
+	if full := fullAt(stamp, resetAfter); full < sh.minFull.Load() {
+		sh.minFull.Store(full)
+	}
+}
 
 // fullAt returns stamp+wait saturated at math.MaxInt64 (Never stays never).
 func fullAt(stamp int64, wait time.Duration) int64 {
