@@ -73,7 +73,7 @@ func (l Limit) String() string {
 }
 
 // ParseLimit parses the short text form of a Limit: a capacity, white space,
-// and a rate "tokens/period". The period is a unit (ns, us, µs, ms, s, m, h,
+// and a rate "tokens/period". The period is a unit (ns, us or µs, ms, s, m, h,
 // d meaning one of it), a whole number of days ("2d"), or a Go duration
 // ("1500ms", "1h30m"). Examples: "100 10/s" (burst 100, 10 tokens a second),
 // "5 1/m", "1000 0/s" (never refills). The result is validated; errors wrap
@@ -111,7 +111,8 @@ const day = 24 * time.Hour
 var periodUnits = map[string]time.Duration{
 	"ns": time.Nanosecond,
 	"us": time.Microsecond,
-	"µs": time.Microsecond,
+	"µs": time.Microsecond, // micro sign U+00B5
+	"μs": time.Microsecond, // Greek mu U+03BC
 	"ms": time.Millisecond,
 	"s":  time.Second,
 	"m":  time.Minute,

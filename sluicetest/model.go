@@ -1,0 +1,274 @@
+package sluicetest
+
+import (
+	"fmt"
+	"math"
+	"math/big"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+// Model is the reference token bucket every store is compared with. It keeps
+// each level as an exact math/big.Rat and follows the contract of
+// DESIGN.md step by step, written independently of sluice.Plan and
+// sluice.State so that the two can check each other.
+//
+// Time is an integer number of ticks (the store's time unit) since the
+// store's epoch. A limit whose period is not a whole number of ticks is
+// ErrInvalidLimit. For every key the model holds the level, the tick it was
+// brought up to date (the stamp) and the limit it was last decided under, and
+// it never drops a bucket or a request ID on its own: a remembered request ID
+// is replayed exactly while now < first decision + TTL, also after the clock
+// has stepped back. (Run accepts a store that forgot an ID once the clock
+// had shown the end of its TTL; see Suite.)
+//
+// The zero Model is not usable; build one with NewModel. A Model is not safe
+// for concurrent use.
+type Model struct {
+	tick    time.Duration
+	policy  sluice.ChangePolicy
+	idTTL   int64 // ticks
+	buckets map[string]*modelBucket
+	ids     map[modelIDKey]modelID
+}
+
+type modelBucket struct {
+	level *big.Rat
+	stamp int64
+	limit sluice.Limit
+}
+
+type modelIDKey struct{ key, id string }
+
+// modelID is a remembered first decision of a request ID.
+type modelID struct {
+	at       int64 // tick of the first decision
+	cost     int64
+	decision sluice.Decision
+}
+
+// NewModel returns an empty Model of a store whose clock counts ticks of the
+// given length (zero or negative means 1ns), which converts levels on a limit
+// change under policy (values other than sluice.ScaleTokens and
+// sluice.ResetTokens behave as sluice.KeepTokens) and remembers request IDs
+// for requestIDTTL, rounded up to whole ticks (zero or negative remembers
+// nothing).
+func NewModel(tick time.Duration, policy sluice.ChangePolicy, requestIDTTL time.Duration) *Model {
+	if tick <= 0 {
+		tick = time.Nanosecond
+	}
+	var ttl int64
+	if requestIDTTL > 0 {
+		ttl = int64(requestIDTTL / tick)
+		if requestIDTTL%tick != 0 {
+			ttl++
+		}
+	}
+	return &Model{
+		tick:    tick,
+		policy:  policy,
+		idTTL:   ttl,
+		buckets: make(map[string]*modelBucket),
+		ids:     make(map[modelIDKey]modelID),
+	}
+}
+
+// Take decides r at tick now, as every store must: validation errors first
+// (wrapping the sentinels of Request.Validate, or ErrInvalidLimit for a
+// period that is not a whole number of ticks), then a replay or
+// ErrRequestIDConflict for a remembered request ID, then the transition.
+// An error changes nothing.
+func (m *Model) Take(now int64, r sluice.Request) (sluice.Decision, error) {
+	if err := r.Validate(); err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := m.checkTick(r.Limit); err != nil {
+		return sluice.Decision{}, err
+	}
+	ik := modelIDKey{r.Key, r.RequestID}
+	if r.RequestID != "" {
+		if rec, ok := m.ids[ik]; ok && now < satAdd(rec.at, m.idTTL) {
+			if rec.cost != r.Cost || rec.decision.Limit != r.Limit {
+				return sluice.Decision{}, fmt.Errorf("%w: request ID %q of key %q was first used with cost %d and limit %v, now cost %d and limit %v",
+					sluice.ErrRequestIDConflict, r.RequestID, r.Key, rec.cost, rec.decision.Limit, r.Cost, r.Limit)
+			}
+			d := rec.decision
+			d.Replayed = true
+			return d, nil
+		}
+	}
+	b := m.current(now, r.Key, r.Limit)
+	cost := new(big.Rat).SetInt64(r.Cost)
+	allowed := b.level.Cmp(cost) >= 0
+	if allowed {
+		b.level.Sub(b.level, cost)
+	}
+	m.buckets[r.Key] = b
+	d := m.decision(b, allowed, r.Cost)
+	if r.RequestID != "" {
+		m.ids[ik] = modelID{at: now, cost: r.Cost, decision: d}
+	}
+	return d, nil
+}
+
+// Peek reports the bucket of key at tick now as a take of cost 1 under l
+// would see it (converting the level if the bucket was last decided under
+// another limit), without changing or creating anything. Errors wrap
+// ErrInvalidKey or ErrInvalidLimit.
+func (m *Model) Peek(now int64, key string, l sluice.Limit) (sluice.Decision, error) {
+	if err := sluice.ValidateKey(key); err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := l.Validate(); err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := m.checkTick(l); err != nil {
+		return sluice.Decision{}, err
+	}
+	b := m.current(now, key, l)
+	return m.decision(b, b.level.Cmp(big.NewRat(1, 1)) >= 0, 1), nil
+}
+
+// Level returns a copy of the exact level of the bucket of key as of its
+// last decision (not refilled to any later time), or nil if the model holds
+// no bucket for key; a missing bucket is full under whatever limit it is
+// next used with.
+func (m *Model) Level(key string) *big.Rat {
+	b, ok := m.buckets[key]
+	if !ok {
+		return nil
+	}
+	return new(big.Rat).Set(b.level)
+}
+
+// current returns a copy of the bucket of key brought up to date at tick now
+// under l, without storing it.
+func (m *Model) current(now int64, key string, l sluice.Limit) *modelBucket {
+	old, ok := m.buckets[key]
+	if !ok {
+		// 1. A missing bucket starts full, stamped now.
+		return &modelBucket{level: new(big.Rat).SetInt64(l.Capacity), stamp: now, limit: l}
+	}
+	b := &modelBucket{level: new(big.Rat).Set(old.level), stamp: old.stamp, limit: old.limit}
+	// 2. Time never runs backwards inside a bucket.
+	at := max(now, b.stamp)
+	if b.limit != l {
+		m.refill(b, at)
+		b.level = m.convert(b.level, b.limit, l)
+		b.limit = l
+	}
+	// 3. Lazy refill.
+	m.refill(b, at)
+	return b
+}
+
+// refill adds (at - stamp) * n / P to the level, capped at capacity, and
+// moves the stamp to at; at >= stamp.
+func (m *Model) refill(b *modelBucket, at int64) {
+	elapsed := new(big.Int).Sub(big.NewInt(at), big.NewInt(b.stamp))
+	add := new(big.Rat).SetFrac(elapsed.Mul(elapsed, big.NewInt(b.limit.Rate.Tokens)), m.periodTicks(b.limit))
+	b.level.Add(b.level, add)
+	if c := new(big.Rat).SetInt64(b.limit.Capacity); b.level.Cmp(c) > 0 {
+		b.level = c
+	}
+	b.stamp = at
+}
+
+// convert carries a level that is up to date under from over to to, under
+// the model's policy, rounded down to to's grid of fraction units.
+func (m *Model) convert(level *big.Rat, from, to sluice.Limit) *big.Rat {
+	oldCap := new(big.Rat).SetInt64(from.Capacity)
+	newCap := new(big.Rat).SetInt64(to.Capacity)
+	var v *big.Rat
+	switch {
+	case level.Cmp(oldCap) == 0:
+		// A full bucket is the same as a missing one.
+		v = newCap
+	case m.policy == sluice.ScaleTokens:
+		v = new(big.Rat).Mul(level, newCap)
+		v.Quo(v, oldCap)
+	case m.policy == sluice.ResetTokens:
+		v = newCap
+	default: // KeepTokens
+		v = new(big.Rat).Set(level)
+		if v.Cmp(newCap) > 0 {
+			v = newCap
+		}
+	}
+	// Round down to multiples of 1/p', p' = P / gcd(n, P) (1 if n = 0).
+	grid := big.NewInt(1)
+	if to.Rate.Tokens > 0 {
+		p := m.periodTicks(to)
+		grid.Quo(p, new(big.Int).GCD(nil, nil, big.NewInt(to.Rate.Tokens), p))
+	}
+	units := new(big.Rat).Mul(v, new(big.Rat).SetInt(grid))
+	return new(big.Rat).SetFrac(floor(units), grid)
+}
+
+// decision reports b after a decision on a cost.
+func (m *Model) decision(b *modelBucket, allowed bool, cost int64) sluice.Decision {
+	d := sluice.Decision{
+		Allowed:   allowed,
+		Remaining: floor(b.level).Int64(),
+		Limit:     b.limit,
+	}
+	if !allowed {
+		d.RetryAfter = m.wait(b, cost)
+	}
+	d.ResetAfter = m.wait(b, b.limit.Capacity)
+	return d
+}
+
+// wait returns the time until the level of b reaches target: whole ticks,
+// rounded up; Never if it never does or the wait exceeds a time.Duration.
+func (m *Model) wait(b *modelBucket, target int64) time.Duration {
+	missing := new(big.Rat).Sub(new(big.Rat).SetInt64(target), b.level)
+	if missing.Sign() <= 0 {
+		return 0
+	}
+	if b.limit.Rate.Tokens == 0 {
+		return sluice.Never
+	}
+	ticks := missing.Mul(missing, new(big.Rat).SetFrac(m.periodTicks(b.limit), big.NewInt(b.limit.Rate.Tokens)))
+	ns := ceil(ticks)
+	ns.Mul(ns, big.NewInt(int64(m.tick)))
+	if ns.Cmp(big.NewInt(math.MaxInt64)) > 0 {
+		return sluice.Never
+	}
+	return time.Duration(ns.Int64())
+}
+
+func (m *Model) checkTick(l sluice.Limit) error {
+	if l.Rate.Period%m.tick != 0 {
+		return fmt.Errorf("%w: period %v is not a whole number of %v (the store's time unit)", sluice.ErrInvalidLimit, l.Rate.Period, m.tick)
+	}
+	return nil
+}
+
+// periodTicks returns P, the period in ticks.
+func (m *Model) periodTicks(l sluice.Limit) *big.Int {
+	return big.NewInt(int64(l.Rate.Period / m.tick))
+}
+
+// floor returns the largest integer <= x, for x >= 0.
+func floor(x *big.Rat) *big.Int {
+	return new(big.Int).Quo(x.Num(), x.Denom())
+}
+
+// ceil returns the smallest integer >= x, for x >= 0.
+func ceil(x *big.Rat) *big.Int {
+	q, r := new(big.Int).QuoRem(x.Num(), x.Denom(), new(big.Int))
+	if r.Sign() != 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	return q
+}
+
+// satAdd returns a+b for b >= 0, saturated at math.MaxInt64.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
