@@ -85,26 +85,29 @@ func (p *Plan) Full(now int64) State {
 // bucket (a now before s.Stamp refills nothing and keeps the stamp), and the
 // level grows by exactly (now-Stamp)*n/P, capped at capacity.
 func (p *Plan) Refill(s State, now int64) State {
-	if now <= s.Stamp {
-		return s
+	if now > s.Stamp {
+		s.Tokens, s.Frac = p.refill(s.Tokens, s.Frac, uint64(now)-uint64(s.Stamp))
+		s.Stamp = now
 	}
-	if p.n != 0 && s.Tokens < p.limit.Capacity {
-		elapsed := uint64(now) - uint64(s.Stamp) // exact: now > Stamp
-		dhi, dlo := p.deficit(s, p.limit.Capacity)
-		ahi, alo := bits.Mul64(elapsed, p.n)
-		if ahi > dhi || (ahi == dhi && alo >= dlo) {
-			s.Tokens, s.Frac = p.limit.Capacity, 0
-		} else {
-			// frac+added < (capacity-Tokens)*per, so the quotient is below
-			// capacity-Tokens and Div64 cannot overflow.
-			lo, carry := bits.Add64(alo, s.Frac, 0)
-			q, r := bits.Div64(ahi+carry, lo, p.per)
-			s.Tokens += int64(q)
-			s.Frac = r
-		}
-	}
-	s.Stamp = now
 	return s
+}
+
+// refill adds elapsed ticks of refill to the level tokens+frac/per, capped
+// at capacity.
+func (p *Plan) refill(tokens int64, frac, elapsed uint64) (int64, uint64) {
+	if p.n == 0 || tokens >= p.limit.Capacity {
+		return tokens, frac
+	}
+	dhi, dlo := p.deficit(tokens, frac, p.limit.Capacity)
+	ahi, alo := bits.Mul64(elapsed, p.n)
+	if ahi > dhi || (ahi == dhi && alo >= dlo) {
+		return p.limit.Capacity, 0
+	}
+	// frac+added < (capacity-tokens)*per, so the quotient is below
+	// capacity-tokens and Div64 cannot overflow.
+	lo, carry := bits.Add64(alo, frac, 0)
+	q, r := bits.Div64(ahi+carry, lo, p.per)
+	return tokens + int64(q), r
 }
 
 // Take refills *s at tick now, takes cost tokens if the level covers it,
@@ -113,26 +116,27 @@ func (p *Plan) Refill(s State, now int64) State {
 // [1, capacity]; Request.Validate checks that. Take writes through pointers
 // so that a store's hot path copies neither the state nor the decision.
 func (p *Plan) Take(s *State, now int64, cost int64, d *Decision) {
-	if now > s.Stamp {
-		*s = p.Refill(*s, now)
+	tokens, frac, stamp := s.Tokens, s.Frac, s.Stamp
+	if now > stamp {
+		tokens, frac = p.refill(tokens, frac, uint64(now)-uint64(stamp))
+		stamp = now
 	}
-	st := *s
-	// Frac is less than one token, so level >= cost iff Tokens >= cost.
-	allowed := st.Tokens >= cost
+	// frac is less than one token, so level >= cost iff tokens >= cost.
+	allowed := tokens >= cost
 	var retry time.Duration
 	if allowed {
-		st.Tokens -= cost
+		tokens -= cost
 	} else {
-		retry = p.wait(st, cost)
+		retry = p.wait(tokens, frac, cost)
 	}
-	*s = st
-	*d = Decision{
-		Allowed:    allowed,
-		Remaining:  st.Tokens,
-		RetryAfter: retry,
-		ResetAfter: p.wait(st, p.limit.Capacity),
-		Limit:      p.limit,
-	}
+	s.Tokens, s.Frac, s.Stamp = tokens, frac, stamp
+	d.Allowed = allowed
+	d.Remaining = tokens
+	d.RetryAfter = retry
+	d.ResetAfter = p.wait(tokens, frac, p.limit.Capacity)
+	d.Limit = p.limit
+	d.Replayed = false
+	d.Degraded = false
 }
 
 // Peek reports s at tick now as a take of cost 1 would see it, without
@@ -140,16 +144,16 @@ func (p *Plan) Take(s *State, now int64, cost int64, d *Decision) {
 func (p *Plan) Peek(s State, now int64) Decision {
 	s = p.Refill(s, now)
 	d := Decision{Allowed: s.Tokens >= 1, Remaining: s.Tokens, Limit: p.limit}
-	d.RetryAfter = p.wait(s, 1)
-	d.ResetAfter = p.wait(s, p.limit.Capacity)
+	d.RetryAfter = p.wait(s.Tokens, s.Frac, 1)
+	d.ResetAfter = p.wait(s.Tokens, s.Frac, p.limit.Capacity)
 	return d
 }
 
 // wait returns the time until the level of s reaches target, rounded up to
 // whole ticks: zero if it already has, Never if it never does or the wait
 // exceeds a time.Duration.
-func (p *Plan) wait(s State, target int64) time.Duration {
-	t, ok := p.ticksUntil(s, target)
+func (p *Plan) wait(tokens int64, frac uint64, target int64) time.Duration {
+	t, ok := p.ticksUntil(tokens, frac, target)
 	if !ok || t > p.maxTicks {
 		return Never
 	}
@@ -160,30 +164,31 @@ func (p *Plan) wait(s State, target int64) time.Duration {
 // math.MaxInt64 if it never refills or that tick is out of range. A bucket is
 // indistinguishable from a missing one from that tick on.
 func (p *Plan) FullAt(s State) int64 {
-	t, ok := p.ticksUntil(s, p.limit.Capacity)
+	t, ok := p.ticksUntil(s.Tokens, s.Frac, p.limit.Capacity)
 	if !ok || t > math.MaxInt64 || s.Stamp > math.MaxInt64-int64(t) {
 		return math.MaxInt64
 	}
 	return s.Stamp + int64(t)
 }
 
-// ticksUntil returns the ticks, rounded up, until the level of s reaches
-// target; ok is false if it never does or the count exceeds 64 bits.
-func (p *Plan) ticksUntil(s State, target int64) (ticks uint64, ok bool) {
-	if s.Tokens >= target {
+// ticksUntil returns the ticks, rounded up, until the level
+// tokens+frac/per reaches target; ok is false if it never does or the count
+// exceeds 64 bits.
+func (p *Plan) ticksUntil(tokens int64, frac uint64, target int64) (ticks uint64, ok bool) {
+	if tokens >= target {
 		return 0, true
 	}
 	if p.n == 0 {
 		return 0, false
 	}
-	hi, lo := p.deficit(s, target)
+	hi, lo := p.deficit(tokens, frac, target)
 	return ceilDiv(hi, lo, p.n)
 }
 
-// deficit returns (target-level)*per as a 128-bit number; target > Tokens.
-func (p *Plan) deficit(s State, target int64) (hi, lo uint64) {
-	hi, lo = bits.Mul64(uint64(target-s.Tokens), p.per)
-	lo, borrow := bits.Sub64(lo, s.Frac, 0)
+// deficit returns (target-level)*per as a 128-bit number; target > tokens.
+func (p *Plan) deficit(tokens int64, frac uint64, target int64) (hi, lo uint64) {
+	hi, lo = bits.Mul64(uint64(target-tokens), p.per)
+	lo, borrow := bits.Sub64(lo, frac, 0)
 	return hi - borrow, lo
 }
 

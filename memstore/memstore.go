@@ -98,9 +98,8 @@ type Options struct {
 // Store is an in-memory sluice.Store. It is safe for concurrent use. Create
 // one with New and stop its sweeper with Close.
 type Store struct {
-	now       func() time.Time
+	now       func() time.Time // nil: the monotonic clock
 	epoch     time.Time
-	clock     func() int64 // nanoseconds since epoch
 	seed      maphash.Seed
 	shards    []shard
 	mask      uint64
@@ -134,9 +133,6 @@ func New(o Options) *Store {
 		maxKeys:  int64(o.MaxKeys),
 		idTTL:    int64(o.RequestIDTTL),
 	}
-	if s.now == nil {
-		s.now = time.Now
-	}
 	if s.maxKeys <= 0 {
 		s.maxKeys = DefaultMaxKeys
 	}
@@ -163,12 +159,10 @@ func New(o Options) *Store {
 		s.shards[i].plans = make(map[sluice.Limit]*planRef)
 		s.shards[i].minFull.Store(math.MaxInt64)
 	}
-	s.epoch = s.now()
-	if o.Now == nil {
-		// time.Since reads only the monotonic clock; time.Now reads two.
-		s.clock = func() int64 { return int64(time.Since(s.epoch)) }
+	if s.now == nil {
+		s.epoch = time.Now()
 	} else {
-		s.clock = func() int64 { return int64(s.now().Sub(s.epoch)) }
+		s.epoch = s.now()
 	}
 	interval := o.SweepInterval
 	if interval == 0 {
@@ -391,6 +385,14 @@ func (sh *shard) release(pr *planRef) {
 	if pr.refs--; pr.refs == 0 {
 		delete(sh.plans, pr.plan.Limit())
 	}
+}
+
+// clock returns the current time in nanoseconds since the store's epoch.
+func (s *Store) clock() int64 {
+	if s.now == nil {
+		return int64(time.Since(s.epoch)) // one read of the monotonic clock
+	}
+	return int64(s.now().Sub(s.epoch))
 }
 
 // hash is the store's hash of a key: its low bits pick the shard, the rest
