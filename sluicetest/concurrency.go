@@ -19,6 +19,7 @@ func (s Suite) testConcurrentOneKey(t *testing.T) {
 	c := NewClock(start)
 	st := s.New(t, StoreOptions{Now: c.Now, RequestIDTTL: time.Minute})
 	l := sluice.Limit{Capacity: 1000, Rate: sluice.Per(1000, time.Hour)}
+	s.skipRefused(t, l)
 	ctx := t.Context()
 
 	flood := func(want int64) {
@@ -88,6 +89,7 @@ func (s Suite) testConcurrentKeys(t *testing.T) {
 	for i := range limits {
 		limits[i] = sluice.Limit{Capacity: 50 * int64(i+1), Rate: sluice.Per(int64(i), time.Hour)}
 	}
+	s.skipRefused(t, limits...)
 	takes := max(100, s.TakesPerWorker/4)
 
 	type idKey struct{ key, id int }
@@ -170,6 +172,19 @@ func (s Suite) testConcurrentKeys(t *testing.T) {
 					t.Errorf("key%d, request ID id%d: replay %+v differs from the decision %+v", ik.key, ik.id, d, first[0])
 				}
 			}
+		}
+	}
+}
+
+// skipRefused skips t if the store refuses one of limits (Suite.Supports).
+func (s Suite) skipRefused(t *testing.T, limits ...sluice.Limit) {
+	t.Helper()
+	if s.Supports == nil {
+		return
+	}
+	for _, l := range limits {
+		if err := s.Supports(l); err != nil {
+			t.Skipf("the store refuses limit %v, which this test needs: %v", l, err)
 		}
 	}
 }

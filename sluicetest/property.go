@@ -49,6 +49,24 @@ func (s Suite) limitGen() *rapid.Generator[sluice.Limit] {
 	})
 }
 
+// supportedLimitGen is limitGen restricted to the limits the store decides
+// (Suite.Supports): the capacity of a refused limit is halved until the
+// store accepts it, which also draws capacities at the edge of what it
+// accepts. Limits it refuses even at capacity 1 are filtered out.
+func (s Suite) supportedLimitGen() *rapid.Generator[sluice.Limit] {
+	lg := s.limitGen()
+	if s.Supports == nil {
+		return lg
+	}
+	return rapid.Custom(func(t *rapid.T) sluice.Limit {
+		l := lg.Draw(t, "limit")
+		for l.Capacity > 1 && s.Supports(l) != nil {
+			l.Capacity /= 2
+		}
+		return l
+	}).Filter(func(l sluice.Limit) bool { return s.Supports(l) == nil })
+}
+
 // costGen draws costs in [1, capacity], favouring small ones and the whole
 // capacity.
 func costGen(capacity int64) *rapid.Generator[int64] {
@@ -89,7 +107,7 @@ func (s Suite) testModel(t *testing.T) {
 		ttl := rapid.SampledFrom([]int64{1, 3, 1000, hour}).Draw(rt, "request ID TTL ticks")
 		m := &machine{
 			r:        s.newRig(t, policy, time.Duration(ttl)*s.Tick),
-			limits:   rapid.SliceOfN(lg, 1, 4).Draw(rt, "limits"),
+			limits:   rapid.SliceOfN(s.supportedLimitGen(), 1, 4).Draw(rt, "limits"),
 			using:    make(map[string]sluice.Limit),
 			maxTicks: int64(maxElapsed / s.Tick),
 			limitGen: lg,
@@ -283,7 +301,7 @@ func badRequests(tick time.Duration, key string, l sluice.Limit) []badCase {
 // event i plus the refill over (t_i, t_j], where t is the effective time
 // max(now, previous t). Every decision also equals the model's.
 func (s Suite) testGuarantee(t *testing.T) {
-	lg := s.limitGen()
+	lg := s.supportedLimitGen()
 	maxTicks := int64(maxElapsed / s.Tick)
 	rapid.Check(t, func(rt *rapid.T) {
 		r := s.newRig(t, sluice.KeepTokens, time.Hour)

@@ -2,6 +2,8 @@ package sluicetest
 
 import (
 	"context"
+	"fmt"
+	"math/bits"
 	"sync"
 	"testing"
 	"time"
@@ -61,4 +63,59 @@ func TestRunModelStore(t *testing.T) {
 			})
 		})
 	}
+}
+
+// refusingStore is a modelStore that refuses the limits refuse names, as a
+// store with narrower integers does.
+type refusingStore struct {
+	*modelStore
+	refuse func(sluice.Limit) error
+}
+
+func (s refusingStore) Take(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := r.Validate(); err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := s.refuse(r.Limit); err != nil {
+		return sluice.Decision{}, err
+	}
+	return s.modelStore.Take(ctx, r)
+}
+
+func (s refusingStore) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
+	if err := sluice.ValidateKey(key); err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := l.Validate(); err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := s.refuse(l); err != nil {
+		return sluice.Decision{}, err
+	}
+	return s.modelStore.Peek(ctx, key, l)
+}
+
+// TestRunRefusingStore runs the suite against a store that refuses limits
+// whose capacity times period in ticks is 2^46 or more: Suite.Supports
+// makes the suite expect the refusals and skip the cases that need them.
+func TestRunRefusingStore(t *testing.T) {
+	tick := time.Microsecond
+	refuse := func(l sluice.Limit) error {
+		if l.Rate.Period%tick != 0 {
+			return fmt.Errorf("%w: period %v is not whole microseconds", sluice.ErrInvalidLimit, l.Rate.Period)
+		}
+		if hi, lo := bits.Mul64(uint64(l.Capacity), uint64(l.Rate.Period/tick)); hi != 0 || lo >= 1<<46 {
+			return fmt.Errorf("%w: capacity × period is 2^46 or more", sluice.ErrInvalidLimit)
+		}
+		return nil
+	}
+	Run(t, Suite{
+		New: func(t *testing.T, o StoreOptions) sluice.Store {
+			return refusingStore{newModelStore(tick, o), refuse}
+		},
+		Tick:           tick,
+		Supports:       refuse,
+		Workers:        8,
+		TakesPerWorker: 2000,
+	})
 }

@@ -75,6 +75,20 @@ type Suite struct {
 	// Workers and TakesPerWorker size the concurrency tests: Workers
 	// goroutines each make TakesPerWorker takes. Zero means 64 and 10000.
 	Workers, TakesPerWorker int
+	// Supports reports whether the store decides limit l, for a store that
+	// cannot decide every valid limit exactly (the Redis store's Lua
+	// arithmetic is exact only below 2^53); a non-nil error means it
+	// refuses l. Nil means the store decides every valid limit whose period
+	// is a whole number of Ticks.
+	//
+	// For a request that passes sluice.Request.Validate (or a Peek whose key
+	// and limit are valid) under a limit the store refuses, the suite
+	// requires an error wrapping sluice.ErrInvalidLimit that changes
+	// nothing, and does not consult the model. A fixed case that needs a
+	// refused limit is skipped; the property tests draw limits the store
+	// accepts (a refused limit's capacity is halved until it is accepted),
+	// and sometimes change a key to a refused one.
+	Supports func(sluice.Limit) error
 }
 
 // Defaults of the zero Suite fields.
@@ -125,18 +139,20 @@ func Run(t *testing.T, s Suite) {
 type tb interface {
 	Helper()
 	Fatalf(format string, args ...any)
+	Skipf(format string, args ...any)
 }
 
 // rig drives a store and a Model with the same calls at the same instants
 // and fails on the first difference.
 type rig struct {
-	store sluice.Store
-	model *Model
-	clock *Clock
-	tick  time.Duration
-	now   int64 // ticks since start
-	hwm   int64 // the latest tick the clock has shown
-	ctx   context.Context
+	store    sluice.Store
+	supports func(sluice.Limit) error // nil: every limit
+	model    *Model
+	clock    *Clock
+	tick     time.Duration
+	now      int64 // ticks since start
+	hwm      int64 // the latest tick the clock has shown
+	ctx      context.Context
 }
 
 func (s Suite) newRig(t *testing.T, policy sluice.ChangePolicy, requestIDTTL time.Duration) *rig {
@@ -147,11 +163,12 @@ func (s Suite) newRig(t *testing.T, policy sluice.ChangePolicy, requestIDTTL tim
 		t.Fatal("sluicetest.Suite.New returned nil")
 	}
 	return &rig{
-		store: st,
-		model: NewModel(s.Tick, policy, requestIDTTL),
-		clock: c,
-		tick:  s.Tick,
-		ctx:   context.Background(),
+		store:    st,
+		supports: s.Supports,
+		model:    NewModel(s.Tick, policy, requestIDTTL),
+		clock:    c,
+		tick:     s.Tick,
+		ctx:      context.Background(),
 	}
 }
 
@@ -176,6 +193,14 @@ func (r *rig) ticks(d time.Duration) int64 { return int64(d / r.tick) }
 func (r *rig) take(t tb, req sluice.Request) (sluice.Decision, error) {
 	t.Helper()
 	got, err := r.store.Take(r.ctx, req)
+	if req.Validate() == nil {
+		if why := r.refused(req.Limit); why != nil {
+			if !errors.Is(err, sluice.ErrInvalidLimit) {
+				t.Fatalf("Take(%s) at %v = %+v, %v; want error %v (Suite.Supports refuses the limit: %v)", describe(req), r.at(), got, err, sluice.ErrInvalidLimit, why)
+			}
+			return got, err
+		}
+	}
 	if r.forgettable(req) {
 		// The store may or may not have forgotten the request ID: the
 		// model's answer if it did not (a replay or a conflict, which
@@ -207,20 +232,41 @@ func (r *rig) forgettable(req sluice.Request) bool {
 	return r.now < end && end <= r.hwm
 }
 
+// refused returns the error of Suite.Supports for l, nil if the store
+// decides l.
+func (r *rig) refused(l sluice.Limit) error {
+	if r.supports == nil {
+		return nil
+	}
+	return r.supports(l)
+}
+
 // peek is take for Peek.
 func (r *rig) peek(t tb, key string, l sluice.Limit) (sluice.Decision, error) {
 	t.Helper()
-	want, wantErr := r.model.Peek(r.now, key, l)
 	got, err := r.store.Peek(r.ctx, key, l)
+	if sluice.ValidateKey(key) == nil && l.Validate() == nil {
+		if why := r.refused(l); why != nil {
+			if !errors.Is(err, sluice.ErrInvalidLimit) {
+				t.Fatalf("Peek(%q, %v) at %v = %+v, %v; want error %v (Suite.Supports refuses the limit: %v)", short(key), l, r.at(), got, err, sluice.ErrInvalidLimit, why)
+			}
+			return got, err
+		}
+	}
+	want, wantErr := r.model.Peek(r.now, key, l)
 	same(t, fmt.Sprintf("Peek(%q, %v) at %v", short(key), l, r.at()), got, err, want, wantErr)
 	return got, err
 }
 
 // mustTake is take for a request that must not fail, checked against a
-// hand-computed decision as well as the model.
+// hand-computed decision as well as the model. If the store refuses the
+// limit (Suite.Supports), the refusal is checked and the test skipped.
 func (r *rig) mustTake(t tb, req sluice.Request, want sluice.Decision) {
 	t.Helper()
 	got, err := r.take(t, req)
+	if why := r.refused(req.Limit); why != nil {
+		t.Skipf("the store refuses limit %v, which this case needs: %v", req.Limit, why)
+	}
 	if err != nil {
 		t.Fatalf("Take(%s) at %v: %v", describe(req), r.at(), err)
 	}
@@ -233,6 +279,9 @@ func (r *rig) mustTake(t tb, req sluice.Request, want sluice.Decision) {
 func (r *rig) mustPeek(t tb, key string, l sluice.Limit, want sluice.Decision) {
 	t.Helper()
 	got, err := r.peek(t, key, l)
+	if why := r.refused(l); why != nil {
+		t.Skipf("the store refuses limit %v, which this case needs: %v", l, why)
+	}
 	if err != nil {
 		t.Fatalf("Peek(%q, %v) at %v: %v", short(key), l, r.at(), err)
 	}

@@ -1,0 +1,314 @@
+-- Sluice: one token-bucket decision, atomically. The transition is
+-- sluice.Plan at a tick of 1 microsecond (docs/internals.md); this script
+-- must reproduce it bit for bit. docs/redis.md explains the layout.
+--
+-- KEYS[1]  the bucket
+-- KEYS[2]  the request-ID record ("take" with a request ID only); same slot
+-- ARGV[1]  operation: "take", or "peek" (reads only, writes nothing)
+-- ARGV[2]  now: "redis" (read Redis TIME) or microseconds since 2020-01-01Z
+-- ARGV[3]  capacity C                        [1, 2^40]
+-- ARGV[4]  rate tokens n                     [0, 2^40]
+-- ARGV[5]  rate period P, microseconds       [1, 366 days]
+-- ARGV[6]  n' = n / gcd(n, P)                (0 when n = 0)
+-- ARGV[7]  p' = P / gcd(n, P)                (1 when n = 0), C * p' < 2^52
+-- ARGV[8]  cost                              [1, C]; 1 for "peek"
+-- ARGV[9]  limit-change policy               0 keep, 1 scale, 2 reset
+-- ARGV[10] least TTL of a written key, ms    [0, 2^53)
+-- ARGV[11] request-ID memory, microseconds   [1, 2^53) with KEYS[2], else 0
+--
+-- Numbers are Lua doubles, exact only below 2^53. Every argument and every
+-- stored number must be a canonical decimal integer in its range, or the
+-- script raises an error; every intermediate stays below 2^53 (the bound is
+-- noted beside each step). All checks and arithmetic come before the first
+-- write, so a call that fails writes nothing.
+--
+-- Bucket value:  "C n P n' p' tokens frac stamp"; the level is
+--                tokens + frac/p', brought up to date at microsecond stamp.
+-- Record value:  "at cost C n P allowed remaining retry reset".
+-- Reply:         {"ok" | "replay", allowed (0|1), remaining, retry, reset}
+--                with waits in microseconds or "n" (never), or
+--                {"conflict", cost, C, n, P} of the request ID's first use.
+
+local TWO52 = 4503599627370496
+local TWO53 = 9007199254740992
+local MAX_CAPACITY = 1099511627776 -- 2^40, sluice.MaxCapacity
+local MAX_TOKENS = 1099511627776   -- 2^40, sluice.MaxTokens
+local MAX_PERIOD = 31622400000000  -- 366 days in microseconds, sluice.MaxPeriod
+local EPOCH = 1577836800000000     -- 2020-01-01T00:00:00Z, microseconds since 1970
+
+local function fail(msg)
+  error({err = 'ERR sluice: ' .. msg})
+end
+
+local function show(s)
+  if type(s) ~= 'string' then return type(s) end
+  if #s > 24 then s = string.sub(s, 1, 24) .. '...' end
+  return string.format('%q', s)
+end
+
+-- str formats an integer exactly (tostring would use %.14g); nil is "n".
+local function str(x)
+  if x == nil then return 'n' end
+  return string.format('%d', x)
+end
+
+-- int parses s, which must be a canonical decimal integer (no sign, no
+-- leading zero, at most 16 digits) in [lo, hi], hi < 2^53. This refuses
+-- "nan", "inf", "1e309", "0x10", "-0", " 12 ", "" and 9007199254740993.
+local function int(what, s, lo, hi)
+  if type(s) ~= 'string' or #s == 0 or #s > 16 or string.find(s, '[^0-9]')
+      or (#s > 1 and string.byte(s, 1) == 48) then
+    fail(what .. ' ' .. show(s) .. ' is not a decimal integer')
+  end
+  local x = tonumber(s) -- exact below 2^53; at or above it, rounds to >= 2^53
+  if x < lo or x > hi then
+    fail(what .. ' ' .. s .. ' is outside [' .. str(lo) .. ', ' .. str(hi) .. ']')
+  end
+  return x
+end
+
+-- divmod returns floor(a/b) and a mod b exactly, for integers a >= 0,
+-- b >= 1 and a + b < 2^53: the float quotient is corrected by one if it was
+-- rounded across an integer.
+local function divmod(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b -- |q*b - a| < b, so q*b < 2^53 is exact
+  if r < 0 then
+    q, r = q - 1, r + b
+  elseif r >= b then
+    q, r = q + 1, r - b
+  end
+  return q, r
+end
+
+-- ceildiv returns ceil(a/b) under the conditions of divmod.
+local function ceildiv(a, b)
+  local q, r = divmod(a, b)
+  if r > 0 then q = q + 1 end
+  return q
+end
+
+-- muldiv returns floor(x*y/z) exactly for integers 0 <= x < z < 2^52 and
+-- 0 <= y < 2^53, by binary long multiplication: y's bits are taken from the
+-- top, keeping q*z + r = x * (the bits taken) with r < z, so that 2r and
+-- r + x stay below 2z < 2^53 and q below y.
+local function muldiv(x, y, z)
+  local bit = 1
+  while bit * 2 <= y do bit = bit * 2 end
+  local q, r = 0, 0
+  while bit >= 1 do
+    q, r = q * 2, r * 2
+    if r >= z then q, r = q + 1, r - z end
+    if y >= bit then
+      y = y - bit
+      r = r + x
+      if r >= z then q, r = q + 1, r - z end
+    end
+    bit = bit / 2
+  end
+  return q
+end
+
+-- refill brings the level tokens + frac/p1 of a bucket of capacity c up to
+-- date from stamp to at (>= stamp), adding (at - stamp) * n1 units capped at
+-- full, as sluice.Plan.Refill does. The elapsed time is compared with the
+-- time until full before it is multiplied, so (at - stamp) * n1 < D < 2^52.
+local function refill(tokens, frac, stamp, c, n1, p1, at)
+  if at > stamp and n1 > 0 and tokens < c then
+    local deficit = (c - tokens) * p1 - frac -- D < C * p' < 2^52
+    if at - stamp >= ceildiv(deficit, n1) then
+      return c, 0
+    end
+    -- (at - stamp) * n1 < D, so the sum is below (c - tokens) * p1 < 2^52.
+    local q, r = divmod((at - stamp) * n1 + frac, p1)
+    return tokens + q, r
+  end
+  return tokens, frac
+end
+
+-- wait returns the microseconds, rounded up, until the level reaches target;
+-- 0 if it has, nil if it never does (n' = 0).
+local function wait(tokens, frac, n1, p1, target)
+  if tokens >= target then return 0 end
+  if n1 == 0 then return nil end
+  return ceildiv((target - tokens) * p1 - frac, n1) -- < C * p' < 2^52
+end
+
+-- ceilms returns ceil((a + b) / 1000) for 0 <= a, b < 2^53 without forming
+-- a + b, which may exceed 2^53.
+local function ceilms(a, b)
+  local qa, ra = divmod(a, 1000)
+  local qb, rb = divmod(b, 1000)
+  local q, r = qa + qb, ra + rb
+  if r > 0 then q = q + 1 end
+  if r > 1000 then q = q + 1 end
+  return q
+end
+
+-- Arguments.
+if #ARGV ~= 11 then
+  fail(#ARGV .. ' arguments, want 11')
+end
+local op = ARGV[1]
+if op ~= 'take' and op ~= 'peek' then
+  fail('operation ' .. show(op) .. ' is not "take" or "peek"')
+end
+local withID = #KEYS == 2
+if #KEYS ~= 1 and not (withID and op == 'take') then
+  fail(#KEYS .. ' keys for "' .. op .. '"')
+end
+
+local now
+if ARGV[2] == 'redis' then
+  local tm = redis.call('TIME')
+  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2]) - EPOCH
+  if not (now >= 0 and now < TWO53) then
+    fail('the Redis clock (' .. tm[1] .. ' s) is outside 2020 to 2305')
+  end
+else
+  now = int('time', ARGV[2], 0, TWO53 - 1)
+end
+local C = int('capacity', ARGV[3], 1, MAX_CAPACITY)
+local n = int('rate tokens', ARGV[4], 0, MAX_TOKENS)
+local P = int('rate period', ARGV[5], 1, MAX_PERIOD)
+local n1 = int('reduced rate tokens', ARGV[6], 0, n)
+local p1 = int('reduced rate period', ARGV[7], 1, P)
+-- The reduced rate must be n/P in lowest terms: the fraction units of a
+-- stored bucket are counted on that grid.
+if n == 0 then
+  if n1 ~= 0 or p1 ~= 1 then
+    fail('a rate of 0 tokens must be reduced to 0 per 1, not ' .. ARGV[6] .. '/' .. ARGV[7])
+  end
+else
+  local reduced = n1 > 0
+  if reduced then
+    local gp, rp = divmod(P, p1)
+    local gn, rn = divmod(n, n1)
+    reduced = rp == 0 and rn == 0 and gp == gn
+  end
+  local a, b = n1, p1
+  while reduced and b > 0 do
+    local _, r = divmod(a, b)
+    a, b = b, r
+  end
+  if not reduced or a ~= 1 then
+    fail('reduced rate ' .. ARGV[6] .. '/' .. ARGV[7] .. ' is not ' .. ARGV[4] .. '/' .. ARGV[5] .. ' in lowest terms')
+  end
+end
+if C * p1 >= TWO52 then -- rounding is monotonic, so the comparison is exact
+  fail('capacity ' .. ARGV[3] .. ' times reduced period ' .. ARGV[7] .. ' is 2^52 or more: Redis cannot decide this limit exactly')
+end
+local cost = int('cost', ARGV[8], 1, C)
+if op == 'peek' and cost ~= 1 then
+  fail('peek cost ' .. ARGV[8] .. ' is not 1')
+end
+local policy = int('limit-change policy', ARGV[9], 0, 2)
+local minTTL = int('least TTL', ARGV[10], 0, TWO53 - 1)
+local idTTL
+if withID then
+  idTTL = int('request-ID memory', ARGV[11], 1, TWO53 - 1)
+else
+  idTTL = int('request-ID memory', ARGV[11], 0, 0)
+end
+
+-- A remembered request ID: the same decision again, or a conflict.
+if withID then
+  local rec = redis.call('GET', KEYS[2])
+  if rec then
+    local at, rcost, rC, rn, rP, ok, rem, retry, reset = string.match(rec,
+      '^(%d+) (%d+) (%d+) (%d+) (%d+) ([01]) (%d+) ([%dn]+) ([%dn]+)$')
+    if not at then
+      fail('request-ID key holds a value sluice did not write')
+    end
+    local first = int('stored time', at, 0, TWO53 - 1)
+    if now < first or now - first < idTTL then
+      if rcost == ARGV[8] and rC == ARGV[3] and rn == ARGV[4] and rP == ARGV[5] then
+        return {'replay', ok, rem, retry, reset}
+      end
+      return {'conflict', rcost, rC, rn, rP}
+    end
+  end
+end
+
+-- The bucket, brought up to date: a missing one is full, stamped now; time
+-- never runs backwards inside a bucket.
+local tokens, frac, stamp = C, 0, now
+local stored = redis.call('GET', KEYS[1])
+if stored then
+  local f = {string.match(stored,
+    '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')}
+  if #f ~= 8 then
+    fail('bucket key holds a value sluice did not write')
+  end
+  local C0 = int('stored capacity', f[1], 1, MAX_CAPACITY)
+  local n0 = int('stored rate tokens', f[2], 0, MAX_TOKENS)
+  local P0 = int('stored rate period', f[3], 1, MAX_PERIOD)
+  local a0 = int('stored reduced rate tokens', f[4], 0, n0)
+  local b0 = int('stored reduced rate period', f[5], 1, P0)
+  local t0 = int('stored tokens', f[6], 0, C0)
+  local f0 = int('stored fraction', f[7], 0, b0 - 1)
+  local s0 = int('stored stamp', f[8], 0, TWO53 - 1)
+  if C0 * b0 >= TWO52 or (t0 == C0 and f0 ~= 0) then
+    fail('bucket key holds a state sluice did not write')
+  end
+  stamp = math.max(now, s0)
+  if C0 == C and n0 == n and P0 == P then
+    if a0 ~= n1 or b0 ~= p1 then
+      fail('bucket key holds a rate reduced otherwise')
+    end
+    tokens, frac = refill(t0, f0, s0, C, n1, p1, stamp)
+  else
+    -- Another limit: refill under the old one, then convert, rounding
+    -- down; a bucket full under the old limit is full under the new one.
+    t0, f0 = refill(t0, f0, s0, C0, a0, b0, stamp)
+    if t0 >= C0 or policy == 2 then
+      tokens, frac = C, 0
+    elseif policy == 1 then
+      -- floor(U * C*p' / (C0*b0)) with U = t0*b0 + f0 < C0*b0 < 2^52.
+      tokens, frac = divmod(muldiv(t0 * b0 + f0, C * p1, C0 * b0), p1)
+    elseif t0 >= C then
+      tokens, frac = C, 0
+    else
+      tokens, frac = t0, muldiv(f0, p1, b0) -- f0 < b0 < 2^52, p1 < 2^52
+    end
+    if tokens >= C then
+      tokens, frac = C, 0
+    end
+  end
+end
+
+-- The decision.
+local allowed
+if op == 'take' then
+  allowed = tokens >= cost -- frac is less than one token
+  if allowed then tokens = tokens - cost end
+else
+  allowed = tokens >= 1
+end
+local retry = 0
+if not allowed then
+  retry = wait(tokens, frac, n1, p1, cost)
+end
+local reset = wait(tokens, frac, n1, p1, C)
+local reply = {'ok', allowed and '1' or '0', str(tokens), str(retry), str(reset)}
+if op == 'peek' then
+  return reply
+end
+
+-- The writes, with arguments known to be valid. The bucket expires 1 ms
+-- after it is full again (rounded up to ms; the extra ms covers a server
+-- whose expiry clock was read before TIME), and never if it never refills.
+local value = table.concat({ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7],
+  str(tokens), str(frac), str(stamp)}, ' ')
+if reset == nil then
+  redis.call('SET', KEYS[1], value)
+else
+  local ttl = ceilms(stamp - now, reset) + 1
+  redis.call('SET', KEYS[1], value, 'PX', str(math.max(ttl, minTTL)))
+end
+if withID then
+  local rec = table.concat({str(now), ARGV[8], ARGV[3], ARGV[4], ARGV[5],
+    reply[2], reply[3], reply[4], reply[5]}, ' ')
+  redis.call('SET', KEYS[2], rec, 'PX', str(math.max(ceilms(idTTL, 0) + 1, minTTL)))
+end
+return reply

@@ -1,0 +1,368 @@
+// Package redisstore is the sluice.Store shared by any number of processes
+// through Redis (standalone, Sentinel or Cluster): every decision is one Lua
+// script that reads the bucket, refills it, converts it on a limit change,
+// decides, writes it back with its expiry and remembers the request ID, in
+// one atomic step and one round trip.
+//
+// The script reproduces sluice.Plan exactly at a tick of one microsecond.
+// Lua numbers are doubles, exact only below 2^53, so a limit is accepted only
+// if its exact arithmetic stays below that bound (CheckLimit); every other
+// valid limit is refused with sluice.ErrInvalidLimit, never approximated.
+//
+// Time comes from Redis TIME by default, one clock for every instance; a
+// bucket's stamp never moves back, so a server clock that steps back (a
+// failover to a host with a slower clock) refills nothing. Options.Now passes
+// time explicitly instead, for tests and simulations.
+//
+// A bucket key expires when its bucket is full again, which is lossless:
+// a missing bucket starts full. Give the decision path a client that never
+// retries a command on its own (a reply lost after the script ran would
+// charge twice): the Store marks its commands as not retryable for go-redis,
+// and docs/redis.md gives the client settings and deployment advice.
+package redisstore
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice"
+)
+
+// script is the decision script; New computes its SHA-1 digest for EVALSHA.
+//
+//go:embed bucket.lua
+var script string
+
+// Defaults for the zero Options.
+const (
+	// DefaultPrefix starts every key of a Store whose Options.Prefix is
+	// empty.
+	DefaultPrefix = "sluice:"
+	// DefaultRequestIDTTL is how long the first decision of a request ID is
+	// remembered when Options.RequestIDTTL is zero.
+	DefaultRequestIDTTL = 5 * time.Minute
+)
+
+// epochUnix is the store's time zero, 2020-01-01T00:00:00Z, in seconds since
+// 1970. Times are microseconds since it, below 2^53: until the year 2305.
+const epochUnix = 1577836800
+
+// Bounds of Lua's exact integers.
+const (
+	maxExact  = 1<<53 - 1 // the largest integer every double below it is exact
+	limitBits = 52        // C*p' and n' must be below 2^limitBits
+)
+
+// Client is what a Store needs of a go-redis client. *redis.Client,
+// *redis.ClusterClient, *redis.Ring and every redis.UniversalClient satisfy
+// it.
+type Client interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// Options configure a Store. The zero value of every field means its
+// documented default.
+type Options struct {
+	// Prefix starts every key the store writes. Default DefaultPrefix
+	// ("sluice:"). It must not contain '{' or '}': the store puts a hash tag
+	// of its own after it, so that a bucket and its request IDs share a
+	// Redis Cluster slot, and user keys cannot choose the slot.
+	Prefix string
+	// OnLimitChange converts a bucket's level when a request arrives with a
+	// limit other than the one the bucket was last decided under. Default
+	// sluice.KeepTokens.
+	OnLimitChange sluice.ChangePolicy
+	// RequestIDTTL is how long the first decision of a request ID is
+	// remembered, rounded up to a microsecond. Default DefaultRequestIDTTL
+	// (5 minutes). Negative is an error.
+	RequestIDTTL time.Duration
+	// Now, when set, is the clock, read once per call and passed to the
+	// script: for tests and simulations. Every store sharing keys must then
+	// read the same clock. Default nil: the script reads Redis TIME, one
+	// clock for every instance, which is what production wants. Times are
+	// counted in whole microseconds since 2020-01-01 UTC; a time before that
+	// or after the year 2305 fails the call.
+	Now func() time.Time
+	// MinTTL is the shortest expiry the store gives any key it writes,
+	// rounded up to a millisecond. Default zero: a bucket key expires 1ms
+	// after its bucket is full again and a request-ID record 1ms after its
+	// TTL, which loses nothing. Key expiry runs on the Redis server's real
+	// clock, so with an explicit Now whose time does not follow it (a test
+	// clock that jumps or steps back) set MinTTL above the real duration of
+	// the run: a bucket that expired on the real clock would start full
+	// where the explicit clock says it is still refilling. Negative is an
+	// error.
+	MinTTL time.Duration
+}
+
+// Store is a sluice.Store in Redis. It is safe for concurrent use and holds
+// no state of its own besides its configuration: any number of Stores in any
+// number of processes with the same Prefix share the buckets. Create one
+// with New.
+type Store struct {
+	client Client
+	prefix string
+	policy sluice.ChangePolicy
+	idTTL  int64 // microseconds, >= 1
+	minTTL int64 // milliseconds
+	now    func() time.Time
+	sha    string
+}
+
+var _ sluice.Store = (*Store)(nil)
+
+// New returns a Store deciding in Redis through client. It checks the
+// options (a Prefix with '{' or '}', an unknown OnLimitChange or a negative
+// duration is an error) and does no I/O: the script is loaded into each
+// Redis server the first time that server is asked to run it, and again
+// after the server lost it (restart, failover, SCRIPT FLUSH).
+func New(client Client, o Options) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("redisstore: client is nil")
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(o.Prefix, "{}") {
+		return nil, fmt.Errorf("redisstore: prefix %q contains '{' or '}'; the store chooses each key's hash tag itself", o.Prefix)
+	}
+	if o.OnLimitChange > sluice.ResetTokens {
+		return nil, fmt.Errorf("redisstore: limit-change policy %v is unknown; use sluice.KeepTokens, ScaleTokens or ResetTokens", o.OnLimitChange)
+	}
+	if o.RequestIDTTL < 0 {
+		return nil, fmt.Errorf("redisstore: request-ID TTL %v is negative", o.RequestIDTTL)
+	}
+	if o.RequestIDTTL == 0 {
+		o.RequestIDTTL = DefaultRequestIDTTL
+	}
+	if o.MinTTL < 0 {
+		return nil, fmt.Errorf("redisstore: minimum TTL %v is negative", o.MinTTL)
+	}
+	sum := sha1.Sum([]byte(script))
+	return &Store{
+		client: client,
+		prefix: o.Prefix,
+		policy: o.OnLimitChange,
+		idTTL:  ceilDiv(int64(o.RequestIDTTL), int64(time.Microsecond)),
+		minTTL: ceilDiv(int64(o.MinTTL), int64(time.Millisecond)),
+		now:    o.Now,
+		sha:    hex.EncodeToString(sum[:]),
+	}, nil
+}
+
+// plan is a limit prepared for the script: the rate n per P microseconds
+// reduced by their gcd to n1 per p1, as sluice.NewPlan does at a 1µs tick.
+type plan struct {
+	c, n, p, n1, p1 int64
+}
+
+// CheckLimit reports whether a Store can decide l exactly: l is valid, its
+// period is a whole number of microseconds, and, with the rate n per P
+// reduced by gcd(n, P µs) to n' per p', capacity × p' is below 2^52 (so
+// every intermediate of the script stays below 2^53, where Lua's doubles
+// stop being exact). For example, 1000 tokens a minute (p' = 60,000µs)
+// allows a capacity up to 75 billion; one token every 366 days, a capacity
+// up to 142; a capacity of 2^40 needs p' below 4096µs. The error wraps
+// sluice.ErrInvalidLimit and names the bound.
+func CheckLimit(l sluice.Limit) error {
+	_, err := compile(l)
+	return err
+}
+
+func compile(l sluice.Limit) (plan, error) {
+	if err := l.Validate(); err != nil {
+		return plan{}, err
+	}
+	if l.Rate.Period%time.Microsecond != 0 {
+		return plan{}, fmt.Errorf("%w: period %v is not a whole number of microseconds, the Redis store's time unit", sluice.ErrInvalidLimit, l.Rate.Period)
+	}
+	pl := plan{c: l.Capacity, n: l.Rate.Tokens, p: int64(l.Rate.Period / time.Microsecond), n1: 0, p1: 1}
+	if pl.n > 0 {
+		g := gcd(pl.n, pl.p)
+		pl.n1, pl.p1 = pl.n/g, pl.p/g
+	}
+	if hi, lo := bits.Mul64(uint64(pl.c), uint64(pl.p1)); hi != 0 || lo >= 1<<limitBits {
+		return plan{}, fmt.Errorf("%w: Redis cannot decide limit %q exactly: capacity %d × reduced period %dµs (the period over gcd(tokens, period)) must be below 2^52, the range of Lua's exact integers; lower the capacity or use a period with more tokens in common",
+			sluice.ErrInvalidLimit, l, pl.c, pl.p1)
+	}
+	if pl.n1 >= 1<<limitBits {
+		return plan{}, fmt.Errorf("%w: Redis cannot decide limit %q exactly: reduced rate tokens %d must be below 2^52", sluice.ErrInvalidLimit, l, pl.n1)
+	}
+	return pl, nil
+}
+
+// Take implements sluice.Store: one script run, which is never retried by
+// the client (see docs/redis.md). Parameter errors wrap the sluice sentinels
+// and send nothing to Redis; a request ID remembered with other parameters
+// is sluice.ErrRequestIDConflict; any other error (Redis unreachable, the
+// context done, a foreign value at a bucket's key, a time outside the
+// store's range) is returned wrapped, and the bucket may or may not have
+// been charged if the error came after the script was sent.
+func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := r.Validate(); err != nil {
+		return sluice.Decision{}, err
+	}
+	pl, err := compile(r.Limit)
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	now, err := s.clock()
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	var keys []string
+	idTTL := int64(0)
+	if r.RequestID == "" {
+		keys = []string{s.bucketKey(r.Key)}
+	} else {
+		keys = []string{s.bucketKey(r.Key), s.recordKey(r.Key, r.RequestID)}
+		idTTL = s.idTTL
+	}
+	reply, err := s.run(ctx, keys, "take", now, pl, r.Cost, idTTL)
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	if len(reply) == 5 && reply[0] == "conflict" {
+		return sluice.Decision{}, fmt.Errorf("%w: request ID %q for this key was first used with cost %s and limit \"%s %s/%sµs\", now cost %d and limit %q",
+			sluice.ErrRequestIDConflict, r.RequestID, reply[1], reply[2], reply[3], reply[4], r.Cost, r.Limit)
+	}
+	return decision(reply, r.Limit)
+}
+
+// Peek implements sluice.Store with the same script in read-only mode: it
+// writes nothing, so it neither creates a bucket nor moves a stamp.
+func (s *Store) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
+	if err := sluice.ValidateKey(key); err != nil {
+		return sluice.Decision{}, err
+	}
+	pl, err := compile(l)
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	now, err := s.clock()
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	reply, err := s.run(ctx, []string{s.bucketKey(key)}, "peek", now, pl, 1, 0)
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	return decision(reply, l)
+}
+
+// clock returns the script's time argument: "redis" for Redis TIME, or the
+// explicit time in microseconds since the epoch.
+func (s *Store) clock() (any, error) {
+	if s.now == nil {
+		return "redis", nil
+	}
+	t := s.now()
+	d := t.Sub(time.Unix(epochUnix, 0))
+	if d < 0 || d/time.Microsecond > maxExact {
+		return nil, fmt.Errorf("redisstore: time %v is outside the store's range (2020-01-01 UTC plus 2^53µs, about 285 years)", t)
+	}
+	return int64(d / time.Microsecond), nil
+}
+
+// decisionCmd is an EVALSHA or EVAL that go-redis must never send twice on
+// its own: if the reply is lost after the script ran, a second run would
+// charge the bucket again. NOSCRIPT, which means the script did not run, is
+// handled by Store.run.
+type decisionCmd struct{ *redis.Cmd }
+
+// NoRetry tells go-redis not to retry the command.
+func (decisionCmd) NoRetry() bool { return true }
+
+// run runs the script by EVALSHA, and by EVAL if the server does not have it
+// cached, and returns its reply as strings.
+func (s *Store) run(ctx context.Context, keys []string, op string, now any, pl plan, cost, idTTL int64) ([]string, error) {
+	args := make([]any, 0, 3+len(keys)+11)
+	args = append(args, "evalsha", s.sha, len(keys))
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	args = append(args, op, now, pl.c, pl.n, pl.p, pl.n1, pl.p1, cost, int64(s.policy), s.minTTL, idTTL)
+	cmd := decisionCmd{redis.NewCmd(ctx, args...)}
+	err := s.client.Process(ctx, cmd)
+	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+		args[0], args[1] = "eval", script
+		cmd = decisionCmd{redis.NewCmd(ctx, args...)}
+		err = s.client.Process(ctx, cmd)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: %w", err)
+	}
+	reply, err := cmd.StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: script reply: %w", err)
+	}
+	return reply, nil
+}
+
+// decision reads an "ok" or "replay" reply of the script.
+func decision(reply []string, l sluice.Limit) (sluice.Decision, error) {
+	bad := func() (sluice.Decision, error) {
+		return sluice.Decision{}, fmt.Errorf("redisstore: script reply %q is not a decision", reply)
+	}
+	if len(reply) != 5 || (reply[0] != "ok" && reply[0] != "replay") || (reply[1] != "0" && reply[1] != "1") {
+		return bad()
+	}
+	remaining, err := strconv.ParseInt(reply[2], 10, 64)
+	if err != nil {
+		return bad()
+	}
+	retry, err1 := wait(reply[3])
+	reset, err2 := wait(reply[4])
+	if err1 != nil || err2 != nil {
+		return bad()
+	}
+	return sluice.Decision{
+		Allowed:    reply[1] == "1",
+		Remaining:  remaining,
+		RetryAfter: retry,
+		ResetAfter: reset,
+		Limit:      l,
+		Replayed:   reply[0] == "replay",
+	}, nil
+}
+
+// wait reads a wait in microseconds, or "n" for never.
+func wait(s string) (time.Duration, error) {
+	if s == "n" {
+		return sluice.Never, nil
+	}
+	us, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || us < 0 {
+		return 0, fmt.Errorf("wait %q", s)
+	}
+	if us > math.MaxInt64/int64(time.Microsecond) {
+		return sluice.Never, nil
+	}
+	return time.Duration(us) * time.Microsecond, nil
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// ceilDiv returns ceil(a/b) for a >= 0, b > 0.
+func ceilDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 {
+		q++
+	}
+	return q
+}

@@ -1,0 +1,385 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"pgregory.net/rapid"
+)
+
+// maxPeriodMicros is sluice.MaxPeriod in microseconds.
+const maxPeriodMicros = int64(sluice.MaxPeriod / time.Microsecond)
+
+// edgeLimit draws a limit the store accepts, favouring capacity × reduced
+// period just below 2^52, where the script's intermediates come closest to
+// 2^53.
+func edgeLimit(t *rapid.T, label string) sluice.Limit {
+	n := rapid.OneOf(
+		rapid.Int64Range(0, 3),
+		rapid.Int64Range(1, 1000),
+		rapid.Int64Range(1, sluice.MaxTokens),
+		rapid.Just[int64](sluice.MaxTokens),
+	).Draw(t, label+" tokens")
+	p := rapid.OneOf(
+		rapid.Int64Range(1, 5000),
+		rapid.Int64Range(1, maxPeriodMicros),
+		rapid.Just(maxPeriodMicros),
+	).Draw(t, label+" period µs")
+	p1 := int64(1)
+	if n > 0 {
+		p1 = p / gcd(n, p)
+	}
+	most := min(sluice.MaxCapacity, (1<<limitBits-1)/p1)
+	c := rapid.OneOf(
+		rapid.Int64Range(1, most),
+		rapid.Int64Range(max(1, most-3), most),
+		rapid.Int64Range(1, min(most, 10)),
+	).Draw(t, label+" capacity")
+	return sluice.Limit{Capacity: c, Rate: sluice.Per(n, time.Duration(p)*time.Microsecond)}
+}
+
+// TestScriptMatchesPlan checks the script against sluice.Plan at a 1µs tick
+// on states drawn directly, not reached by takes: levels anywhere on the
+// grid, limits at the edge of what the store accepts, idle gaps up to the
+// end of its time range, the clock behind the stamp, and limit changes under
+// every policy. The decision and the state written must be Plan's, bit for
+// bit.
+func TestScriptMatchesPlan(t *testing.T) {
+	c := redistest.Client(t)
+	prefix := newPrefix(t, c)
+	rapid.Check(t, func(rt *rapid.T) {
+		var tc planCase
+		tc.from = edgeLimit(rt, "old")
+		tc.to = tc.from
+		if rapid.Bool().Draw(rt, "limit change") {
+			tc.to = edgeLimit(rt, "new")
+		}
+		tc.policy = rapid.SampledFrom([]sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "policy")
+		oldPlan, err := sluice.NewPlan(tc.from, time.Microsecond)
+		if err != nil {
+			rt.Fatalf("NewPlan(%v): %v", tc.from, err)
+		}
+		// A state on the old limit's grid.
+		tc.state.Tokens = rapid.Int64Range(0, tc.from.Capacity).Draw(rt, "tokens")
+		if tc.state.Tokens < tc.from.Capacity {
+			tc.state.Frac = uint64(rapid.Int64Range(0, int64(oldPlan.Scale())-1).Draw(rt, "frac"))
+		}
+		tc.state.Stamp = rapid.Int64Range(0, maxExact).Draw(rt, "stamp")
+		tc.now = rapid.OneOf(
+			rapid.Int64Range(0, maxExact),
+			rapid.Int64Range(tc.state.Stamp, min(maxExact, tc.state.Stamp+1000)),
+			rapid.Int64Range(max(0, tc.state.Stamp-1000), tc.state.Stamp),
+			rapid.Int64Range(tc.state.Stamp, min(maxExact, tc.state.Stamp+int64(2*oldPlan.Scale()))),
+		).Draw(rt, "now")
+		tc.cost = rapid.Int64Range(1, tc.to.Capacity).Draw(rt, "cost")
+		tc.check(rt, c, prefix)
+	})
+}
+
+// TestScriptConversionEdges: limit changes whose exact products exceed
+// 2^53, where a float computation of floor(x*y/z) goes wrong (found by
+// TestScriptMatchesPlan against a script that used one).
+func TestScriptConversionEdges(t *testing.T) {
+	c := redistest.Client(t)
+	prefix := newPrefix(t, c)
+	maxTokens366d := sluice.Limit{Capacity: 2333373, Rate: sluice.Per(sluice.MaxTokens, sluice.MaxPeriod)}
+	tests := []struct {
+		name string
+		tc   planCase
+	}{
+		{"scale to 2^40 per 366 days", planCase{
+			from: sluice.Limit{Capacity: 2, Rate: sluice.Per(1, 4*time.Microsecond)}, to: maxTokens366d,
+			policy: sluice.ScaleTokens, state: sluice.State{Tokens: 1, Frac: 1}, now: 1, cost: 1}},
+		{"scale from 2^40 per 366 days", planCase{
+			from: maxTokens366d, to: sluice.Limit{Capacity: 4503599, Rate: sluice.Every(1000 * time.Second)},
+			policy: sluice.ScaleTokens, state: sluice.State{Tokens: 2333372, Frac: 1930078124, Stamp: 5}, now: 5, cost: 1}},
+		{"keep, fraction onto a finer grid", planCase{
+			from: maxTokens366d, to: sluice.Limit{Capacity: 142, Rate: sluice.Every(sluice.MaxPeriod)},
+			policy: sluice.KeepTokens, state: sluice.State{Tokens: 7, Frac: 1930078124}, now: 0, cost: 1}},
+		{"scale, both products near 2^52", planCase{
+			from:   sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(1, 4095*time.Microsecond)},
+			to:     sluice.Limit{Capacity: 1<<40 - 1, Rate: sluice.Per(3, 4093*time.Microsecond)},
+			policy: sluice.ScaleTokens, state: sluice.State{Tokens: 1<<40 - 1, Frac: 4094}, now: 0, cost: 1 << 39}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { tt.tc.check(t, c, prefix) })
+	}
+}
+
+// planCase is a bucket in state under limit from, asked at microsecond now
+// to take cost under limit to.
+type planCase struct {
+	from, to sluice.Limit
+	policy   sluice.ChangePolicy
+	state    sluice.State
+	now      int64
+	cost     int64
+}
+
+// check writes the bucket directly, then requires the store's Peek and Take
+// and the state the Take writes to be sluice.Plan's.
+func (tc planCase) check(t interface {
+	Helper()
+	Fatalf(string, ...any)
+}, c client, prefix string) {
+	t.Helper()
+	ctx := context.Background()
+	oldPlan, err := sluice.NewPlan(tc.from, time.Microsecond)
+	if err != nil {
+		t.Fatalf("NewPlan(%v): %v", tc.from, err)
+	}
+	newPlan, err := sluice.NewPlan(tc.to, time.Microsecond)
+	if err != nil {
+		t.Fatalf("NewPlan(%v): %v", tc.to, err)
+	}
+	s, err := New(c, Options{Prefix: prefix, OnLimitChange: tc.policy, Now: func() time.Time { return micros(tc.now) }, MinTTL: time.Hour})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	const key = "k"
+	value := stateValue(tc.from, &oldPlan, tc.state)
+	if err := c.Set(ctx, s.bucketKey(key), value, time.Minute).Err(); err != nil {
+		t.Fatalf("SET: %v", err)
+	}
+
+	// The reference: refill under the old limit, convert, decide.
+	want := oldPlan.Refill(tc.state, tc.now)
+	if tc.from != tc.to {
+		want = newPlan.Convert(want, &oldPlan, tc.policy)
+	}
+	peekWant := newPlan.Peek(want, tc.now)
+	var wantD sluice.Decision
+	newPlan.Take(&want, tc.now, tc.cost, &wantD)
+
+	call := fmt.Sprintf("(%v) of %q (%v) at %d", tc.to, value, tc.policy, tc.now)
+	peek, err := s.Peek(ctx, key, tc.to)
+	if err != nil {
+		t.Fatalf("Peek%s: %v", call, err)
+	}
+	if diff := cmp.Diff(peekWant, peek); diff != "" {
+		t.Fatalf("Peek%s = %+v, want %+v (Plan's) (-want +got):\n%s", call, peek, peekWant, diff)
+	}
+	got, err := s.Take(ctx, sluice.Request{Key: key, Cost: tc.cost, Limit: tc.to})
+	if err != nil {
+		t.Fatalf("Take%s, cost %d: %v", call, tc.cost, err)
+	}
+	if diff := cmp.Diff(wantD, got); diff != "" {
+		t.Fatalf("Take%s, cost %d = %+v, want %+v (Plan's) (-want +got):\n%s", call, tc.cost, got, wantD, diff)
+	}
+	stored, err := c.Get(ctx, s.bucketKey(key)).Result()
+	if err != nil {
+		t.Fatalf("GET after Take: %v", err)
+	}
+	if wantStored := stateValue(tc.to, &newPlan, want); stored != wantStored {
+		t.Fatalf("Take%s, cost %d stored %q, want %q", call, tc.cost, stored, wantStored)
+	}
+}
+
+// stateValue is the bucket value the script stores for state st under l.
+func stateValue(l sluice.Limit, p *sluice.Plan, st sluice.State) string {
+	return fmt.Sprintf("%d %d %d %d %d %d %d %d", l.Capacity, l.Rate.Tokens, int64(l.Rate.Period/time.Microsecond),
+		p.RefillUnits(), p.Scale(), st.Tokens, st.Frac, st.Stamp)
+}
+
+// micros returns the time us microseconds after the store's epoch.
+func micros(us int64) time.Time {
+	return time.Unix(epochUnix, 0).Add(time.Duration(us) * time.Microsecond)
+}
+
+// TestScriptRejectsBadArguments calls the script directly, past the Go
+// checks, with every argument replaced by each value Lua would misread
+// (tonumber accepts "nan", "inf", "0x10", "1e309" and " 12 "; 2^53+1 is not
+// a double) or by a value out of range: each call must fail with an error
+// and leave no key behind.
+func TestScriptRejectsBadArguments(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := t.Context()
+	prefix := newPrefix(t, c)
+	s, err := New(c, Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{s.bucketKey("k"), s.recordKey("k", "id")}
+	// A valid take with a request ID: 10 tokens, 3 per second.
+	good := []string{"take", "1000000", "10", "3", "1000000", "3", "1000000", "1", "0", "0", "60000000"}
+	edges := []string{"nan", "inf", "-inf", "1e309", "0x10", "-0", "-1", " 12 ", "12 ", "1.5", "1e8", "01", "9007199254740993", "9007199254740992", "99999999999999999999", ""}
+	run := func(keys []string, args []string) error {
+		a := make([]any, len(args))
+		for i, v := range args {
+			a[i] = v
+		}
+		return redis.NewScript(script).Run(ctx, c, keys, a...).Err()
+	}
+	if err := run(keys, good); err != nil {
+		t.Fatalf("the valid call fails: %v", err)
+	}
+	if err := deleteKeys(ctx, c, prefix); err != nil {
+		t.Fatal(err)
+	}
+
+	type call struct {
+		name string
+		keys []string
+		args []string
+	}
+	var calls []call
+	for i := 1; i < len(good); i++ {
+		for _, e := range edges {
+			args := append([]string(nil), good...)
+			args[i] = e
+			calls = append(calls, call{fmt.Sprintf("ARGV[%d]=%q", i+1, e), keys, args})
+		}
+	}
+	with := func(name string, f func(args []string) []string) {
+		calls = append(calls, call{name, keys, f(append([]string(nil), good...))})
+	}
+	with("unknown operation", func(a []string) []string { a[0] = "give"; return a })
+	with("peek with a request-ID key", func(a []string) []string { a[0] = "peek"; return a })
+	with("capacity 2^40+1", func(a []string) []string { a[2] = "1099511627777"; return a })
+	with("tokens above 2^40", func(a []string) []string { a[3] = "1099511627777"; return a })
+	with("period above 366 days", func(a []string) []string { a[4] = "31622400000001"; return a })
+	with("period 0", func(a []string) []string { a[4] = "0"; return a })
+	with("rate not reduced", func(a []string) []string { a[3], a[4], a[5], a[6] = "2", "1000000", "2", "1000000"; return a })
+	with("reduced rate of another rate", func(a []string) []string { a[5], a[6] = "1", "333333"; return a })
+	with("reduced tokens 0 of a refilling rate", func(a []string) []string { a[5] = "0"; return a })
+	with("no refill reduced to 0/2", func(a []string) []string { a[3], a[5], a[6] = "0", "0", "2"; return a })
+	with("capacity × period 2^52", func(a []string) []string {
+		a[2], a[3], a[4], a[5], a[6] = "1099511627776", "1", "4096", "1", "4096"
+		return a
+	})
+	with("cost 0", func(a []string) []string { a[7] = "0"; return a })
+	with("cost above capacity", func(a []string) []string { a[7] = "11"; return a })
+	with("policy 3", func(a []string) []string { a[8] = "3"; return a })
+	with("request-ID memory 0", func(a []string) []string { a[10] = "0"; return a })
+	with("time 2^53", func(a []string) []string { a[1] = "9007199254740992"; return a })
+	with("ten arguments", func(a []string) []string { return a[:10] })
+	with("twelve arguments", func(a []string) []string { return append(a, "0") })
+	calls = append(calls,
+		call{"request-ID memory without a request ID", keys[:1], good},
+		call{"three keys", append(keys, s.bucketKey("x")), good},
+		call{"no key", nil, good},
+	)
+	for _, tt := range calls {
+		t.Run(tt.name, func(t *testing.T) {
+			err := run(tt.keys, tt.args)
+			if err == nil || !strings.Contains(err.Error(), "sluice:") {
+				t.Errorf("script(%q) = %v, want a sluice error", tt.args, err)
+			}
+			if n, err := c.Exists(ctx, keys...).Result(); err != nil || n != 0 {
+				t.Errorf("after script(%q): EXISTS = %d, %v; want 0 (nothing written)", tt.args, n, err)
+			}
+		})
+	}
+	if left, err := scanKeys(ctx, c, prefix); err != nil || len(left) != 0 {
+		t.Errorf("keys left under %q: %q, %v; want none", prefix, left, err)
+	}
+}
+
+// TestScriptRejectsForeignValues: a bucket or record key holding a value
+// the store did not write (another type, text, numbers out of range) fails
+// the call and is left as it was.
+func TestScriptRejectsForeignValues(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := t.Context()
+	s := newStore(t, c, Options{})
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(3)}
+	bucket, record := s.bucketKey("k"), s.recordKey("k", "id")
+	tests := []struct {
+		name  string
+		key   string
+		set   func() error
+		check func() (string, error)
+	}{
+		{"bucket is a hash", bucket,
+			func() error { return c.HSet(ctx, bucket, "tokens", "1").Err() },
+			func() (string, error) { return c.HGet(ctx, bucket, "tokens").Result() }},
+		{"bucket is text", bucket,
+			func() error { return c.Set(ctx, bucket, "hello", 0).Err() },
+			func() (string, error) { return c.Get(ctx, bucket).Result() }},
+		{"bucket tokens above capacity", bucket,
+			func() error { return c.Set(ctx, bucket, "10 3 1000000 3 1000000 11 0 5", 0).Err() },
+			func() (string, error) { return c.Get(ctx, bucket).Result() }},
+		{"bucket stamp 2^53", bucket,
+			func() error { return c.Set(ctx, bucket, "10 3 1000000 3 1000000 1 0 9007199254740992", 0).Err() },
+			func() (string, error) { return c.Get(ctx, bucket).Result() }},
+		{"bucket fraction of a full bucket", bucket,
+			func() error { return c.Set(ctx, bucket, "10 3 1000000 3 1000000 10 5 5", 0).Err() },
+			func() (string, error) { return c.Get(ctx, bucket).Result() }},
+		{"record is a list", record,
+			func() error { return c.RPush(ctx, record, "x").Err() },
+			func() (string, error) { return c.LIndex(ctx, record, 0).Result() }},
+		{"record is text", record,
+			func() error { return c.Set(ctx, record, "x", 0).Err() },
+			func() (string, error) { return c.Get(ctx, record).Result() }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := c.Del(ctx, bucket, record).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := tt.set(); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := tt.check()
+			d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l, RequestID: "id"})
+			if err == nil {
+				t.Fatalf("Take = %+v, nil; want an error", d)
+			}
+			if errors.Is(err, sluice.ErrInvalidLimit) || errors.Is(err, sluice.ErrRequestIDConflict) {
+				t.Errorf("Take error %v wraps a parameter sentinel; want a store error", err)
+			}
+			after, _ := tt.check()
+			if after != before {
+				t.Errorf("%s changed from %q to %q", tt.key, before, after)
+			}
+			if n, _ := c.Exists(ctx, bucket, record).Result(); n != 1 {
+				t.Errorf("EXISTS bucket record = %d, want 1 (only the foreign key)", n)
+			}
+		})
+	}
+}
+
+// TestStoredStampNeverMovesBack: a bucket stamped in the future (written
+// by a server whose clock was ahead, before a failover) refills nothing
+// until Redis TIME passes the stamp, and keeps its stamp and its TTL beyond
+// it.
+func TestStoredStampNeverMovesBack(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := t.Context()
+	s := newStore(t, c, Options{})
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
+	tm, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	future := tm.Sub(time.Unix(epochUnix, 0)).Microseconds() + int64(time.Hour/time.Microsecond)
+	value := "10 1 1000000 1 1000000 0 0 " + strconv.FormatInt(future, 10)
+	if err := c.Set(ctx, s.bucketKey("k"), value, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Empty at a stamp an hour ahead: one token is an hour and a second
+	// away, the full bucket an hour and ten seconds.
+	if d.Allowed || d.Remaining != 0 || d.RetryAfter != time.Second || d.ResetAfter != 10*time.Second {
+		t.Errorf("Take = %+v; want denied, 0 remaining, retry 1s and reset 10s after the stamp", d)
+	}
+	if got, err := c.Get(ctx, s.bucketKey("k")).Result(); err != nil || got != value {
+		t.Errorf("bucket after Take = %q, %v; want %q unchanged", got, err, value)
+	}
+	pttl, err := c.PTTL(ctx, s.bucketKey("k")).Result()
+	if min := time.Hour + 9*time.Second; err != nil || pttl < min || pttl > time.Hour+10*time.Second+time.Millisecond {
+		t.Errorf("PTTL = %v, %v; want about 1h10s (the stamp, an hour ahead, plus the refill)", pttl, err)
+	}
+}

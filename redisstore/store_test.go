@@ -1,0 +1,614 @@
+package redisstore
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// TestConcurrentOneKeyRedisTime: 64 goroutines × 1,000 takes on one key of
+// capacity 1,000 refilling 1 token an hour, on Redis TIME: exactly 1,000
+// are allowed (the refill during the test is far below one token), each
+// seeing a distinct Remaining.
+func TestConcurrentOneKeyRedisTime(t *testing.T) {
+	const workers, takes = 64, 1000
+	l := sluice.Limit{Capacity: 1000, Rate: sluice.Per(1, time.Hour)}
+	for name, c := range topologies(t) {
+		t.Run(name, func(t *testing.T) {
+			s := newStore(t, c, Options{})
+			ctx := t.Context()
+			var (
+				wg      sync.WaitGroup
+				allowed atomic.Int64
+				failed  atomic.Int64
+				seen    [1000]atomic.Int32
+				firstMu sync.Mutex
+				first   error
+			)
+			for range workers {
+				wg.Go(func() {
+					for range takes {
+						d, err := s.Take(ctx, sluice.Request{Key: "hot", Cost: 1, Limit: l})
+						if err != nil {
+							failed.Add(1)
+							firstMu.Lock()
+							first = cmp.Or(first, err)
+							firstMu.Unlock()
+							continue
+						}
+						if d.Allowed {
+							allowed.Add(1)
+							seen[d.Remaining].Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if n := failed.Load(); n > 0 {
+				t.Fatalf("%d of %d takes failed, first: %v", n, workers*takes, first)
+			}
+			if got := allowed.Load(); got != l.Capacity {
+				t.Fatalf("%d×%d concurrent Take(1) of capacity %d allowed %d, want %d", workers, takes, l.Capacity, got, l.Capacity)
+			}
+			for rem := range seen {
+				if n := seen[rem].Load(); n != 1 {
+					t.Fatalf("Remaining %d was seen by %d allowed takes, want 1", rem, n)
+				}
+			}
+		})
+	}
+}
+
+// TestRefillRedisTime: on Redis TIME, C = 100 refilling 1,000 a second,
+// 8 goroutines taking for about a second admit the capacity plus what the
+// server's clock says refilled: between C + floor(r·T_inner) − 1 and
+// C + ceil(r·T_outer), with T_inner between the end of the first take and
+// the end of the workers, the bucket drained at both ends, and T_outer
+// from before the first take to after the last, both read from TIME.
+func TestRefillRedisTime(t *testing.T) {
+	const workers, runFor = 8, time.Second
+	c := redistest.Client(t)
+	ctx := t.Context()
+	s := newStore(t, c, Options{})
+	l := sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(1000)}
+	serverTime := func() time.Time {
+		t.Helper()
+		tm, err := c.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tm
+	}
+	take := func(cost int64) bool {
+		d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: cost, Limit: l})
+		if err != nil {
+			t.Error(err)
+		}
+		return d.Allowed
+	}
+	// Drain the new bucket, so that it stays far below its capacity (and no
+	// refill is lost to the cap) while the workers take.
+	outerStart := serverTime()
+	if !take(l.Capacity) {
+		t.Fatal("the first take of the whole capacity was denied")
+	}
+	admitted := l.Capacity
+	innerStart := serverTime()
+	var (
+		wg sync.WaitGroup
+		n  atomic.Int64
+	)
+	deadline := time.Now().Add(runFor)
+	for range workers {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				if take(1) {
+					n.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	innerEnd := serverTime()
+	for take(1) { // whatever refilled until now, less than a token left
+		admitted++
+	}
+	outerEnd := serverTime()
+	admitted += n.Load()
+	rate := float64(l.Rate.Tokens) / l.Rate.Period.Seconds()
+	lo := l.Capacity + int64(rate*innerEnd.Sub(innerStart).Seconds()) - 1
+	hi := l.Capacity + int64(math.Ceil(rate*outerEnd.Sub(outerStart).Seconds()))
+	if admitted < lo || admitted > hi {
+		t.Fatalf("admitted %d, want between %d and %d (C + refill over %v inside, %v outside)", admitted, lo, hi, innerEnd.Sub(innerStart), outerEnd.Sub(outerStart))
+	}
+	t.Logf("admitted %d, within [%d, %d]", admitted, lo, hi)
+}
+
+// TestFloodExpires: after 100,000 distinct keys every bucket key has a TTL
+// no longer than its refill time plus a millisecond, and once that time
+// has passed no key is left.
+func TestFloodExpires(t *testing.T) {
+	const keys, workers = 100_000, 32
+	c := redistest.Client(t)
+	ctx := t.Context()
+	s := newStore(t, c, Options{})
+	// Cost 3 of 10 at 10 a second: full again after 300ms.
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)}
+	var (
+		wg   sync.WaitGroup
+		next atomic.Int64
+		errs atomic.Int64
+	)
+	start := time.Now()
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= keys {
+					return
+				}
+				d, err := s.Take(ctx, sluice.Request{Key: fmt.Sprint("user-", i), Cost: 3, Limit: l})
+				if err != nil || !d.Allowed || d.ResetAfter != 300*time.Millisecond {
+					errs.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	took := time.Since(start)
+	if n := errs.Load(); n > 0 {
+		t.Fatalf("%d of %d takes failed or were not allowed with a 300ms reset", n, keys)
+	}
+	t.Logf("%d distinct keys in %v (%.0f decisions/s)", keys, took, keys/took.Seconds())
+
+	// Every key still there has a TTL of at most 301ms.
+	live, err := scanKeys(ctx, c, s.prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pipe := c.Pipeline()
+	ttls := make([]*redis.DurationCmd, len(live))
+	for i, k := range live {
+		ttls[i] = pipe.PTTL(ctx, k)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		t.Fatal(err)
+	}
+	for i, cmd := range ttls {
+		// A key that expired between SCAN and PTTL reports -2.
+		if d := cmd.Val(); d == -1 || d > 301*time.Millisecond {
+			t.Fatalf("PTTL %q = %v, want between 0 and 301ms (-2 if it just expired)", live[i], d)
+		}
+	}
+	t.Logf("%d of %d bucket keys live after the flood, all with a TTL of at most 301ms", len(live), keys)
+
+	// 301ms after the last take every bucket is full, so none is left.
+	time.Sleep(400 * time.Millisecond)
+	if live, err := scanKeys(ctx, c, s.prefix); err != nil || len(live) != 0 {
+		t.Fatalf("400ms after the flood %d keys are left (%v), want 0", len(live), err)
+	}
+}
+
+// TestTTLs: a bucket key expires 1ms after its bucket is full again, rounded
+// up to a millisecond; a request-ID record after its TTL; a bucket that never
+// refills never expires.
+func TestTTLs(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := t.Context()
+	s := newStore(t, c, Options{RequestIDTTL: 90 * time.Second})
+	tests := []struct {
+		name string
+		req  sluice.Request
+		key  string
+		want time.Duration // -1: no expiry
+	}{
+		{"3 of 10 at 3/s", sluice.Request{Key: "a", Cost: 3, Limit: sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(3)}}, s.bucketKey("a"), 1001 * time.Millisecond},
+		{"1 of 1 per 7µs", sluice.Request{Key: "b", Cost: 1, Limit: sluice.Limit{Capacity: 1, Rate: sluice.Every(7 * time.Microsecond)}}, s.bucketKey("b"), 2 * time.Millisecond},
+		{"1 of 5 per hour", sluice.Request{Key: "c", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.Per(1, time.Hour)}}, s.bucketKey("c"), time.Hour + time.Millisecond},
+		{"no refill", sluice.Request{Key: "d", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.Per(0, time.Second)}}, s.bucketKey("d"), -1},
+		{"request-ID record", sluice.Request{Key: "e", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.PerSecond(1)}, RequestID: "r"}, s.recordKey("e", "r"), 90*time.Second + time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := s.Take(ctx, tt.req); err != nil {
+				t.Fatal(err)
+			}
+			got, err := c.PTTL(ctx, tt.key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.want < 0 {
+				if got != -1 {
+					t.Errorf("PTTL = %v, want -1 (no expiry)", got)
+				}
+				return
+			}
+			// PTTL counts down in real time; allow 50ms since the take.
+			if got > tt.want || got < tt.want-50*time.Millisecond {
+				t.Errorf("PTTL = %v, want %v (less the time since the take)", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestScriptFlushDuringLoad: SCRIPT FLUSH every 100ms while 16 goroutines
+// decide fails no decision (EVALSHA falls back to EVAL on NOSCRIPT), and
+// the decisions stay exact.
+func TestScriptFlushDuringLoad(t *testing.T) {
+	const workers, runFor = 16, 1500 * time.Millisecond
+	for name, c := range topologies(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := t.Context()
+			s := newStore(t, c, Options{})
+			l := sluice.Limit{Capacity: 1_000_000, Rate: sluice.Per(1, time.Hour)}
+			stop := make(chan struct{})
+			var flushes, failed, decided atomic.Int64
+			var firstErr atomic.Value
+			var flusher sync.WaitGroup
+			flusher.Go(func() {
+				tick := time.NewTicker(100 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-tick.C:
+						err := forEachNode(ctx, c, func(ctx context.Context, n redis.Cmdable) error { return n.ScriptFlush(ctx).Err() })
+						if err != nil {
+							firstErr.CompareAndSwap(nil, fmt.Errorf("SCRIPT FLUSH: %w", err))
+						}
+						flushes.Add(1)
+					}
+				}
+			})
+			var wg sync.WaitGroup
+			deadline := time.Now().Add(runFor)
+			for w := range workers {
+				wg.Go(func() {
+					for i := 0; time.Now().Before(deadline); i++ {
+						_, err := s.Take(ctx, sluice.Request{Key: fmt.Sprint("k", (w*7+i)%50), Cost: 1, Limit: l})
+						if err != nil {
+							failed.Add(1)
+							firstErr.CompareAndSwap(nil, err)
+						}
+						decided.Add(1)
+					}
+				})
+			}
+			wg.Wait()
+			close(stop)
+			flusher.Wait()
+			if n := failed.Load(); n > 0 {
+				t.Fatalf("%d of %d decisions failed during %d SCRIPT FLUSHes, first: %v", n, decided.Load(), flushes.Load(), firstErr.Load())
+			}
+			if err, _ := firstErr.Load().(error); err != nil {
+				t.Fatal(err)
+			}
+			if flushes.Load() < 10 {
+				t.Fatalf("only %d SCRIPT FLUSHes ran", flushes.Load())
+			}
+			// Every decision was allowed and counted once: the 50 keys hold
+			// capacity minus their share.
+			var left int64
+			for k := range 50 {
+				d, err := s.Peek(ctx, fmt.Sprint("k", k), l)
+				if err != nil {
+					t.Fatal(err)
+				}
+				left += l.Capacity - d.Remaining
+			}
+			if left != decided.Load() {
+				t.Fatalf("the buckets lost %d tokens in all, want %d (one per decision)", left, decided.Load())
+			}
+			t.Logf("%d decisions, %d SCRIPT FLUSHes, 0 failed", decided.Load(), flushes.Load())
+		})
+	}
+}
+
+// TestNoRetryAfterLostReply: when the connection drops after the script
+// ran but before its reply arrived, the decision fails once and the bucket
+// is charged once, even on a client left at go-redis's default of 3
+// retries. The same command sent without the store's no-retry mark runs 4
+// times through the same proxy, which shows what the mark prevents.
+func TestNoRetryAfterLostReply(t *testing.T) {
+	ctx := t.Context()
+	direct := redistest.Client(t)
+	p := newDropProxy(t, redistest.Options(t).Addr)
+	o := redistest.Options(t)
+	o.Addr = p.addr() // MaxRetries left at its default (3)
+	viaProxy := redis.NewClient(o)
+	t.Cleanup(func() { viaProxy.Close() })
+
+	prefix := newPrefix(t, direct)
+	s, err := New(viaProxy, Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
+	// Load the script while replies still get through.
+	if _, err := s.Take(ctx, sluice.Request{Key: "warm", Cost: 1, Limit: l}); err != nil {
+		t.Fatal(err)
+	}
+
+	p.dropScriptReplies.Store(true)
+	p.scripts.Store(0)
+	d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
+	if err == nil {
+		t.Fatalf("Take through a proxy that drops the reply = %+v, nil; want an error", d)
+	}
+	if n := p.scripts.Load(); n != 1 {
+		t.Errorf("the store sent the script %d times, want 1", n)
+	}
+	s2, err := New(direct, Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := s2.Peek(ctx, "k", l); err != nil || d.Remaining != 9 {
+		t.Errorf("Peek after the lost reply = %+v, %v; want 9 remaining (charged once)", d, err)
+	}
+
+	// The control: an ordinary command is retried by go-redis.
+	p.scripts.Store(0)
+	args := []any{"evalsha", s.sha, 1, s.bucketKey("k"), "take", "redis", 10, 1, 3600000000, 1, 3600000000, 1, 0, 0, 0}
+	if err := viaProxy.Do(ctx, args...).Err(); err == nil {
+		t.Fatal("an ordinary EVALSHA through the proxy succeeded; the proxy drops nothing")
+	}
+	if n := p.scripts.Load(); n != 4 {
+		t.Errorf("an ordinary EVALSHA was sent %d times, want 4 (1 + go-redis's 3 retries)", n)
+	}
+}
+
+// dropProxy forwards TCP connections to a Redis server; while
+// dropScriptReplies is set, it closes a connection instead of forwarding the
+// reply to an EVAL or EVALSHA, which the server has run.
+type dropProxy struct {
+	ln                net.Listener
+	target            string
+	dropScriptReplies atomic.Bool
+	scripts           atomic.Int64 // EVAL and EVALSHA commands forwarded
+	wg                sync.WaitGroup
+}
+
+func newDropProxy(t *testing.T, target string) *dropProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &dropProxy{ln: ln, target: target}
+	var mu sync.Mutex
+	var conns []net.Conn
+	p.wg.Go(func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, in, out)
+			mu.Unlock()
+			p.wg.Go(func() { p.serve(in, out) })
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *dropProxy) addr() string { return p.ln.Addr().String() }
+
+// serve copies one connection both ways. Commands are small and go-redis
+// sends one at a time here, so one read holds one command.
+func (p *dropProxy) serve(in, out net.Conn) {
+	defer in.Close()
+	defer out.Close()
+	var script atomic.Bool // the command in flight is a script
+	p.wg.Go(func() {
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := in.Read(buf)
+			if err != nil {
+				out.Close()
+				return
+			}
+			lower := strings.ToLower(string(buf[:n]))
+			if strings.Contains(lower, "\r\nevalsha\r\n") || strings.Contains(lower, "\r\neval\r\n") {
+				p.scripts.Add(1)
+				script.Store(true)
+			}
+			if _, err := out.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	})
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := out.Read(buf)
+		if err != nil {
+			return
+		}
+		if script.Swap(false) && p.dropScriptReplies.Load() {
+			return // the script ran; its reply is lost
+		}
+		if _, err := in.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+// TestKeyLayout: the hash tag comes from the whole user key, so braces in
+// the key cannot choose it; a bucket and its records share it; record keys
+// are unambiguous.
+func TestKeyLayout(t *testing.T) {
+	s, err := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), Options{Prefix: "p:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag := func(k string) string {
+		_, rest, _ := strings.Cut(k, "{")
+		tag, _, _ := strings.Cut(rest, "}")
+		return tag
+	}
+	tests := []struct {
+		key, id string
+	}{
+		{"user", ""}, {"{user}", ""}, {"a{b}c", "x"}, {"}{", "{}"}, {"\x00\xff", "\n"}, {strings.Repeat("k", 512), "r"},
+	}
+	seen := map[string]string{}
+	for _, tt := range tests {
+		b := s.bucketKey(tt.key)
+		if want := "p:{" + tag(b) + "}b:" + tt.key; b != want || len(tag(b)) != 16 {
+			t.Errorf("bucketKey(%q) = %q, want %q with a 16-digit tag", tt.key, b, want)
+		}
+		if r := s.recordKey(tt.key, tt.id); tag(r) != tag(b) {
+			t.Errorf("recordKey(%q, %q) = %q: tag %q, want the bucket's %q", tt.key, tt.id, r, tag(r), tag(b))
+		}
+		if other, ok := seen[tag(b)]; ok {
+			t.Errorf("keys %q and %q share the tag %q", tt.key, other, tag(b))
+		}
+		seen[tag(b)] = tt.key
+	}
+	if a, b := s.recordKey("ab", "c"), s.recordKey("a", "bc"); a == b {
+		t.Errorf("recordKey(%q, %q) = recordKey(%q, %q) = %q", "ab", "c", "a", "bc", a)
+	}
+}
+
+// TestClusterSlots: on the cluster, a key's bucket and records hash to one
+// slot whatever braces the key holds, and 1,000 keys spread over slots.
+func TestClusterSlots(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the cluster is not started in -short mode")
+	}
+	c := redistest.ClusterClient(t)
+	ctx := t.Context()
+	s := newStore(t, c, Options{})
+	slots := map[int64]bool{}
+	for i := range 1000 {
+		key := fmt.Sprintf("{user}%d", i)
+		b, err := c.ClusterKeySlot(ctx, s.bucketKey(key)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := c.ClusterKeySlot(ctx, s.recordKey(key, "{id}")).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b != r {
+			t.Fatalf("key %q: bucket slot %d, record slot %d", key, b, r)
+		}
+		slots[b] = true
+	}
+	// 1,000 keys over 16,384 slots: about 970 distinct slots expected.
+	if len(slots) < 900 {
+		t.Errorf("1,000 keys sharing the text {user} hash to %d slots, want about 970", len(slots))
+	}
+}
+
+// TestCheckLimit: the limits whose exact arithmetic exceeds Lua's exact
+// integers are refused with sluice.ErrInvalidLimit naming the bound.
+func TestCheckLimit(t *testing.T) {
+	tests := []struct {
+		l    sluice.Limit
+		want string // in the error; "" for accepted
+	}{
+		{sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(10)}, ""},
+		{sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(1, 4095*time.Microsecond)}, ""},
+		{sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(1, 4096*time.Microsecond)}, "must be below 2^52"},
+		{sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(1<<40, sluice.MaxPeriod)}, "reduced period 1930078125µs"},
+		{sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(1<<40, time.Microsecond)}, ""},
+		{sluice.Limit{Capacity: 142, Rate: sluice.Every(sluice.MaxPeriod)}, ""},
+		{sluice.Limit{Capacity: 143, Rate: sluice.Every(sluice.MaxPeriod)}, "capacity 143 × reduced period 31622400000000µs"},
+		{sluice.Limit{Capacity: 75_000_000_000, Rate: sluice.Per(1000, time.Minute)}, ""},
+		{sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(0, sluice.MaxPeriod)}, ""},
+		{sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Second+time.Nanosecond)}, "not a whole number of microseconds"},
+		{sluice.Limit{Capacity: 0, Rate: sluice.PerSecond(1)}, "capacity 0"},
+	}
+	for _, tt := range tests {
+		err := CheckLimit(tt.l)
+		if tt.want == "" {
+			if err != nil {
+				t.Errorf("CheckLimit(%v) = %v, want nil", tt.l, err)
+			}
+			continue
+		}
+		if !errors.Is(err, sluice.ErrInvalidLimit) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("CheckLimit(%v) = %v, want an error wrapping %v that says %q", tt.l, err, sluice.ErrInvalidLimit, tt.want)
+		}
+	}
+}
+
+// TestNewOptions: bad options are errors; New does no I/O.
+func TestNewOptions(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // nothing listens
+	tests := []struct {
+		name string
+		o    Options
+		want string
+	}{
+		{"zero", Options{}, ""},
+		{"prefix with {", Options{Prefix: "a{"}, "contains '{' or '}'"},
+		{"prefix with }", Options{Prefix: "}"}, "contains '{' or '}'"},
+		{"unknown policy", Options{OnLimitChange: 7}, "unknown"},
+		{"negative request-ID TTL", Options{RequestIDTTL: -1}, "negative"},
+		{"negative minimum TTL", Options{MinTTL: -time.Second}, "negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := New(c, tt.o)
+			if tt.want == "" {
+				if err != nil || s == nil {
+					t.Fatalf("New(%+v) = %v, %v; want a store", tt.o, s, err)
+				}
+				if s.prefix != DefaultPrefix || s.idTTL != int64(DefaultRequestIDTTL/time.Microsecond) {
+					t.Errorf("New(%+v): prefix %q, request-ID TTL %dµs; want the defaults", tt.o, s.prefix, s.idTTL)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New(%+v) = %v, %v; want an error saying %q", tt.o, s, err, tt.want)
+			}
+		})
+	}
+	if _, err := New(nil, Options{}); err == nil {
+		t.Error("New(nil, ...) succeeded")
+	}
+}
+
+// TestExplicitTimeRange: an explicit time outside the store's range fails
+// the call before anything is sent.
+func TestExplicitTimeRange(t *testing.T) {
+	l := sluice.Limit{Capacity: 1, Rate: sluice.PerSecond(1)}
+	for _, at := range []time.Time{time.Date(2019, 12, 31, 23, 59, 59, 0, time.UTC), time.Date(2306, 1, 1, 0, 0, 0, 0, time.UTC)} {
+		s, err := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), Options{Now: func() time.Time { return at }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err := s.Take(context.Background(), sluice.Request{Key: "k", Cost: 1, Limit: l}); err == nil || !strings.Contains(err.Error(), "outside the store's range") {
+			t.Errorf("Take at %v = %+v, %v; want a range error", at, d, err)
+		}
+	}
+}
