@@ -1,0 +1,50 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/pgstore"
+)
+
+func Example() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("SLUICE_POSTGRES_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := pgstore.New(ctx, pool, pgstore.Options{Schema: "sluice_example"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	// Once per deployment (idempotent): tables, indexes and functions.
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	limit := sluice.Limit{Capacity: 5, Rate: sluice.Per(1, time.Minute)}
+	for range 2 {
+		d, err := store.Take(ctx, sluice.Request{Key: "user-42", Cost: 3, Limit: limit})
+		if errors.Is(err, pgstore.ErrUnavailable) {
+			// No decision: the database is down or timed out. Apply a
+			// failure policy; this is not a denial.
+			log.Print(err)
+			continue
+		}
+		if err != nil {
+			log.Fatal(err) // a bad parameter
+		}
+		fmt.Println(d.Allowed, d.Remaining, d.RetryAfter.Round(time.Second))
+	}
+	// Output:
+	// true 2 0s
+	// false 2 1m0s
+}

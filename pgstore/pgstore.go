@@ -1,0 +1,392 @@
+// Package pgstore is a sluice.Store in PostgreSQL, for deployments that
+// already run PostgreSQL and want quotas shared by many processes and kept
+// across restarts.
+//
+// Every decision is one statement at READ COMMITTED: a PL/pgSQL function
+// that locks the bucket's row, refills it, converts it to a changed limit,
+// decides, records the request ID and keeps the expiry column up to date, all
+// in one transaction and one round trip. There is no read in one round trip
+// and write in another, and no retry loop on serialization failures. The
+// arithmetic is sluice.Plan's at a tick of one microsecond, in bigint and
+// numeric (arbitrary precision), so decisions equal the in-memory store's
+// exactly for limits whose period is a whole number of microseconds.
+//
+// Time is the database's clock (clock_timestamp(), read once per statement)
+// unless Options.Now supplies it, so processes with skewed clocks agree. Full
+// buckets and expired request IDs are deleted in bounded batches by a
+// sweeper goroutine that Close stops.
+//
+// The schema ships with the package and is applied by Migrate, never at
+// import or by New. It needs PostgreSQL 14 or later. See docs/postgres.md.
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/sluicehq/sluice"
+)
+
+// Errors of this package, besides the sluice sentinels for bad parameters.
+var (
+	// ErrUnavailable means no decision could be had from the database: it
+	// could not be reached, the connection broke, a statement or lock
+	// timeout expired, the context ended during the call, or the schema is
+	// missing. It wraps the cause (test with errors.Is and errors.As, for
+	// example for *pgconn.PgError). It is never a denial: a caller decides
+	// by its failure policy. If the connection broke after the statement
+	// was sent, the decision may have been made; a request ID makes the
+	// retry safe.
+	ErrUnavailable = errors.New("pgstore: database unavailable")
+	// ErrInvalidOptions means New was given an unusable option, such as a
+	// table name that is not a plain identifier.
+	ErrInvalidOptions = errors.New("pgstore: invalid options")
+)
+
+// Defaults for the zero Options.
+const (
+	DefaultSchema           = "public"
+	DefaultTable            = "sluice_buckets"
+	DefaultRequestIDTTL     = 5 * time.Minute
+	DefaultStatementTimeout = 200 * time.Millisecond
+	DefaultLockTimeout      = 100 * time.Millisecond
+	DefaultSweepInterval    = 10 * time.Second
+	DefaultSweepBatch       = 1000
+)
+
+// Options configure a Store. The zero value of every field means its
+// documented default.
+type Options struct {
+	// Schema is the PostgreSQL schema holding the store's tables and
+	// functions. Default DefaultSchema ("public"). It must be a plain
+	// identifier (an ASCII letter or _, then letters, digits or _) of at
+	// most MaxSchemaLen bytes; it is quoted, so its case is kept.
+	Schema string
+	// Table is the name of the bucket table. Default DefaultTable
+	// ("sluice_buckets"). The request-ID table is Table + "_request_ids",
+	// and the functions and indexes are named after Table too. A plain
+	// identifier of at most MaxTableLen bytes, quoted. Stores with the
+	// same Schema and Table share their buckets.
+	Table string
+	// OnLimitChange converts a bucket's level when a request arrives with
+	// a limit other than the one it was last decided under. Default
+	// sluice.KeepTokens. Processes sharing a table should agree on it.
+	OnLimitChange sluice.ChangePolicy
+	// RequestIDTTL is how long the first decision of a request ID is
+	// remembered, rounded up to whole microseconds. Default
+	// DefaultRequestIDTTL (5 minutes).
+	RequestIDTTL time.Duration
+	// Now, if not nil, is the clock: its readings are sent with each
+	// statement, in whole microseconds since the Unix epoch. Default nil:
+	// the database clock, clock_timestamp(), read once per statement,
+	// which all processes share. A clock that steps back refills nothing
+	// and never moves a bucket's stamp back. Setting Now is meant for tests
+	// and simulations; processes with skewed clocks would disagree.
+	Now func() time.Time
+	// StatementTimeout bounds each statement on the server
+	// (statement_timeout, set for the statement's transaction only, in
+	// whole milliseconds rounded up). Default DefaultStatementTimeout
+	// (200ms); negative leaves the session's setting alone. Use the
+	// context for a deadline on the whole call, network included.
+	StatementTimeout time.Duration
+	// LockTimeout bounds the wait for a bucket's row lock (lock_timeout,
+	// set like StatementTimeout), so that a hot key fails fast instead of
+	// queueing. Default DefaultLockTimeout (100ms); negative leaves the
+	// session's setting alone.
+	LockTimeout time.Duration
+	// SweepInterval is how often a background goroutine deletes full
+	// buckets and expired request IDs. Default DefaultSweepInterval (10s);
+	// negative disables it (call Sweep yourself, or let the table grow).
+	// Close stops it.
+	SweepInterval time.Duration
+	// SweepBatch is the most rows of each table one sweep statement
+	// deletes; a sweep runs statements until a batch comes back short.
+	// A decision on a bucket that a statement is deleting waits for that
+	// statement's commit, so keep a batch's time well below LockTimeout.
+	// Default DefaultSweepBatch (1,000).
+	SweepBatch int
+}
+
+// Store is a sluice.Store in PostgreSQL. It is safe for concurrent use, and
+// any number of processes may share its tables. Create one with New, apply
+// the schema with Migrate, and stop its sweeper with Close.
+type Store struct {
+	pool      *pgxpool.Pool
+	schema    string
+	names     names
+	migration string
+	takeSQL   string
+	peekSQL   string
+	sweepSQL  string
+	prelude   string // sets the timeouts for one transaction; "" if none
+	timeouts  []any  // the prelude's arguments
+	policy    int32
+	idTTL     int64 // µs
+	now       func() time.Time
+	batch     int32
+
+	sweptBuckets, sweptIDs, sweepErrors atomic.Uint64
+	lastSweepErr                        atomic.Pointer[error]
+
+	cancelSweeper context.CancelFunc
+	done          chan struct{}
+	closeOnce     sync.Once
+}
+
+var _ sluice.Store = (*Store)(nil)
+
+// New returns a Store of the tables named by o in the database of pool, and
+// starts its sweeper unless o.SweepInterval is negative. It does no I/O: the
+// tables need not exist yet (run Migrate), and the database may be down.
+// The sweeper's statements carry ctx's values but not its cancellation or
+// deadline: Close stops them. The pool stays the caller's: Close does
+// not close it. Errors wrap ErrInvalidOptions.
+func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidOptions)
+	}
+	if o.Schema == "" {
+		o.Schema = DefaultSchema
+	}
+	if o.Table == "" {
+		o.Table = DefaultTable
+	}
+	if err := checkName("schema", o.Schema, MaxSchemaLen); err != nil {
+		return nil, err
+	}
+	if err := checkName("table", o.Table, MaxTableLen); err != nil {
+		return nil, err
+	}
+	switch o.OnLimitChange {
+	case sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens:
+	default:
+		return nil, fmt.Errorf("%w: OnLimitChange %v is not keep, scale or reset", ErrInvalidOptions, o.OnLimitChange)
+	}
+	if o.RequestIDTTL <= 0 {
+		o.RequestIDTTL = DefaultRequestIDTTL
+	}
+	if o.StatementTimeout == 0 {
+		o.StatementTimeout = DefaultStatementTimeout
+	}
+	if o.LockTimeout == 0 {
+		o.LockTimeout = DefaultLockTimeout
+	}
+	if o.SweepInterval == 0 {
+		o.SweepInterval = DefaultSweepInterval
+	}
+	if o.SweepBatch <= 0 {
+		o.SweepBatch = DefaultSweepBatch
+	}
+	n := newNames(o.Schema, o.Table)
+	s := &Store{
+		pool:      pool,
+		schema:    o.Schema,
+		names:     n,
+		migration: migrationSQL(n),
+		takeSQL: "SELECT o_status, o_allowed, o_remaining, o_retry_us, o_reset_us, o_cost, o_capacity, o_rate_tokens, o_period_us FROM " +
+			n.Take + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+		peekSQL:  "SELECT o_allowed, o_remaining, o_retry_us, o_reset_us FROM " + n.Peek + "($1, $2, $3, $4, $5, $6, $7, $8)",
+		sweepSQL: "SELECT o_buckets, o_request_ids FROM " + n.Sweep + "($1, $2)",
+		policy:   int32(o.OnLimitChange),
+		idTTL:    ceilMicros(o.RequestIDTTL),
+		now:      o.Now,
+		batch:    int32(min(o.SweepBatch, 1<<30)),
+		done:     make(chan struct{}),
+	}
+	s.prelude, s.timeouts = prelude(o.StatementTimeout, o.LockTimeout)
+	if o.SweepInterval > 0 {
+		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		s.cancelSweeper = cancel
+		go s.sweeper(sctx, o.SweepInterval)
+	} else {
+		close(s.done)
+	}
+	return s, nil
+}
+
+// prelude returns the statement that sets the enabled timeouts for the
+// current transaction only, and its arguments.
+func prelude(statement, lock time.Duration) (string, []any) {
+	var sets []string
+	var args []any
+	for _, t := range []struct {
+		name string
+		d    time.Duration
+	}{{"statement_timeout", statement}, {"lock_timeout", lock}} {
+		if t.d > 0 {
+			args = append(args, fmt.Sprintf("%dms", (t.d+time.Millisecond-1)/time.Millisecond))
+			sets = append(sets, fmt.Sprintf("set_config('%s', $%d, true)", t.name, len(args)))
+		}
+	}
+	if len(sets) == 0 {
+		return "", nil
+	}
+	q := "SELECT " + sets[0]
+	for _, s := range sets[1:] {
+		q += ", " + s
+	}
+	return q, args
+}
+
+// Close stops the sweeper and waits for it to exit, cancelling a sweep in
+// progress. The store stays usable for decisions. Close is idempotent and
+// always returns nil.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		if s.cancelSweeper != nil {
+			s.cancelSweeper()
+		}
+		<-s.done
+	})
+	return nil
+}
+
+// Take implements sluice.Store. It validates r (errors wrap the sluice
+// sentinels; a limit whose period is not a whole number of microseconds is
+// sluice.ErrInvalidLimit), then makes the decision in one statement. A
+// request ID remembered with another cost or limit is
+// sluice.ErrRequestIDConflict. A database that cannot decide is an error
+// wrapping ErrUnavailable, never a denial.
+func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := r.Validate(); err != nil {
+		return sluice.Decision{}, err
+	}
+	p, err := sluice.NewPlan(r.Limit, time.Microsecond)
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return sluice.Decision{}, err
+	}
+	var id []byte
+	if r.RequestID != "" {
+		id = []byte(r.RequestID)
+	}
+	var (
+		status                                 int32
+		allowed                                bool
+		remaining, retry, reset                int64
+		idCost, idCapacity, idTokens, idPeriod int64
+	)
+	err = s.queryRow(ctx, s.takeSQL,
+		[]any{&status, &allowed, &remaining, &retry, &reset, &idCost, &idCapacity, &idTokens, &idPeriod},
+		[]byte(r.Key), r.Cost,
+		r.Limit.Capacity, r.Limit.Rate.Tokens, int64(r.Limit.Rate.Period/time.Microsecond), int64(p.RefillUnits()), int64(p.Scale()),
+		s.policy, id, s.idTTL, s.nowMicros())
+	if err != nil {
+		return sluice.Decision{}, s.unavailable("take", err)
+	}
+	if status == statusConflict {
+		first := sluice.Limit{Capacity: idCapacity, Rate: sluice.Rate{Tokens: idTokens, Period: time.Duration(idPeriod) * time.Microsecond}}
+		return sluice.Decision{}, fmt.Errorf("%w: request ID %q for this key was first used with cost %d and limit %v, now cost %d and limit %v",
+			sluice.ErrRequestIDConflict, r.RequestID, idCost, first, r.Cost, r.Limit)
+	}
+	// A replay has the request's cost and limit: the conflict check above
+	// compared them with the remembered ones.
+	return sluice.Decision{
+		Allowed:    allowed,
+		Remaining:  remaining,
+		RetryAfter: wait(retry),
+		ResetAfter: wait(reset),
+		Limit:      r.Limit,
+		Replayed:   status == statusReplayed,
+	}, nil
+}
+
+// The o_status of the take function.
+const (
+	statusDecided  = 0
+	statusReplayed = 1
+	statusConflict = 2
+)
+
+// Peek implements sluice.Store: the bucket of key as a take of cost 1 under
+// l would see it, converted if it was last decided under another limit. It
+// locks, writes and creates nothing. Errors are those of Take.
+func (s *Store) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
+	if err := sluice.ValidateKey(key); err != nil {
+		return sluice.Decision{}, err
+	}
+	p, err := sluice.NewPlan(l, time.Microsecond)
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return sluice.Decision{}, err
+	}
+	var (
+		allowed                 bool
+		remaining, retry, reset int64
+	)
+	err = s.queryRow(ctx, s.peekSQL, []any{&allowed, &remaining, &retry, &reset},
+		[]byte(key), l.Capacity, l.Rate.Tokens, int64(l.Rate.Period/time.Microsecond), int64(p.RefillUnits()), int64(p.Scale()),
+		s.policy, s.nowMicros())
+	if err != nil {
+		return sluice.Decision{}, s.unavailable("peek", err)
+	}
+	return sluice.Decision{
+		Allowed:    allowed,
+		Remaining:  remaining,
+		RetryAfter: wait(retry),
+		ResetAfter: wait(reset),
+		Limit:      l,
+	}, nil
+}
+
+// queryRow runs sql with args, after the timeout prelude in the same
+// transaction and round trip, and scans its one row into dst.
+func (s *Store) queryRow(ctx context.Context, sql string, dst []any, args ...any) error {
+	if s.prelude == "" {
+		return s.pool.QueryRow(ctx, sql, args...).Scan(dst...)
+	}
+	// A batch is sent as one pipeline ending in one Sync: both statements
+	// run in one implicit transaction, so set_config(..., true) applies to
+	// the decision and ends with it.
+	b := &pgx.Batch{}
+	b.Queue(s.prelude, s.timeouts...)
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(dst...) })
+	return s.pool.SendBatch(ctx, b).Close()
+}
+
+// unavailable wraps a database error in ErrUnavailable, with a hint when the
+// schema is missing.
+func (s *Store) unavailable(op string, err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "42P01" || pe.Code == "3F000") {
+		return fmt.Errorf("%w: %s: schema of %s is missing (run Migrate): %w", ErrUnavailable, op, s.names.Buckets, err)
+	}
+	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
+}
+
+// nowMicros returns the explicit time in µs since the Unix epoch, or nil
+// (SQL NULL: the database clock).
+func (s *Store) nowMicros() any {
+	if s.now == nil {
+		return nil
+	}
+	return s.now().UnixMicro()
+}
+
+// wait converts a wait in µs from SQL (-1: never) to a Duration.
+func wait(us int64) time.Duration {
+	if us < 0 {
+		return sluice.Never
+	}
+	return time.Duration(us) * time.Microsecond
+}
+
+// ceilMicros returns d in whole microseconds, rounded up.
+func ceilMicros(d time.Duration) int64 {
+	us := int64(d / time.Microsecond)
+	if d%time.Microsecond != 0 {
+		us++
+	}
+	return us
+}

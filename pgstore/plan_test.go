@@ -1,0 +1,171 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/pgstore"
+	"github.com/sluicehq/sluice/sluicetest"
+	"pgregory.net/rapid"
+)
+
+// epoch is tick zero of the explicit-time tests: an arbitrary instant with
+// nanoseconds, which the store truncates to whole microseconds.
+var epoch = time.Date(2031, time.March, 14, 15, 9, 26, 535897932, time.UTC)
+
+// row is a bucket as stored.
+type row struct {
+	Tokens, Frac, Stamp                int64
+	Capacity, RateTokens, PeriodMicros int64
+	FullAt                             int64 // math.MaxInt64 for NULL
+}
+
+// tb is what the helpers need of *testing.T and *rapid.T.
+type tb interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
+// readRow returns the row of key in table, and whether there is one.
+func readRow(t tb, table, key string) (row, bool) {
+	t.Helper()
+	var r row
+	var fullAt *int64
+	err := testPool.QueryRow(context.Background(),
+		"SELECT tokens, frac, stamp, capacity, rate_tokens, period_us, full_at FROM "+qualified(table)+" WHERE key = $1", []byte(key)).
+		Scan(&r.Tokens, &r.Frac, &r.Stamp, &r.Capacity, &r.RateTokens, &r.PeriodMicros, &fullAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return row{}, false
+	}
+	if err != nil {
+		t.Fatalf("reading the row of %q: %v", key, err)
+	}
+	r.FullAt = math.MaxInt64
+	if fullAt != nil {
+		r.FullAt = *fullAt
+	}
+	return r, true
+}
+
+// refBucket is a bucket of the Go reference: sluice.Plan at a tick of 1µs,
+// driven the way memstore drives it.
+type refBucket struct {
+	plan  sluice.Plan
+	state sluice.State
+}
+
+// refTake is the reference transition for a take (no request ID) at tick
+// now (µs since the Unix epoch) on b, which is nil for a missing bucket.
+func refTake(b *refBucket, now int64, cost int64, l sluice.Limit, policy sluice.ChangePolicy) (*refBucket, sluice.Decision) {
+	p, err := sluice.NewPlan(l, time.Microsecond)
+	if err != nil {
+		panic(err)
+	}
+	switch {
+	case b == nil:
+		b = &refBucket{plan: p, state: p.Full(now)}
+	case b.plan.Limit() != l:
+		b.state = p.Convert(b.plan.Refill(b.state, now), &b.plan, policy)
+		b.plan = p
+	}
+	var d sluice.Decision
+	b.plan.Take(&b.state, now, cost, &d)
+	return b, d
+}
+
+// rowOf is the row the store must hold for b.
+func rowOf(b *refBucket) row {
+	l := b.plan.Limit()
+	return row{
+		Tokens: b.state.Tokens, Frac: int64(b.state.Frac), Stamp: b.state.Stamp,
+		Capacity: l.Capacity, RateTokens: l.Rate.Tokens, PeriodMicros: int64(l.Rate.Period / time.Microsecond),
+		FullAt: b.plan.FullAt(b.state),
+	}
+}
+
+// limitGen draws limits whose period is a whole number of µs, favouring the
+// edges of the bounds.
+func limitGen() *rapid.Generator[sluice.Limit] {
+	maxP := int64(sluice.MaxPeriod / time.Microsecond)
+	return rapid.Custom(func(t *rapid.T) sluice.Limit {
+		c := rapid.OneOf(
+			rapid.SampledFrom([]int64{1, 2, 3, 10, 1000, sluice.MaxCapacity}),
+			rapid.Int64Range(1, 100),
+			rapid.Int64Range(1, sluice.MaxCapacity),
+		).Draw(t, "capacity")
+		n := rapid.OneOf(
+			rapid.SampledFrom([]int64{0, 1, 3, 1000, sluice.MaxTokens}),
+			rapid.Int64Range(0, 100),
+			rapid.Int64Range(0, sluice.MaxTokens),
+		).Draw(t, "tokens")
+		p := rapid.OneOf(
+			rapid.SampledFrom([]int64{1, 13, 1e6, 13e6, maxP}),
+			rapid.Int64Range(1, 1000),
+			rapid.Int64Range(1, maxP),
+		).Draw(t, "period µs")
+		return sluice.Limit{Capacity: c, Rate: sluice.Per(n, time.Duration(p)*time.Microsecond)}
+	})
+}
+
+// TestPlanDifferential drives one key of the store and sluice.Plan with the
+// same random takes, limit changes and clock moves (forwards by up to 100
+// years, and backwards), and requires after every take the same decision
+// and, in the table, exactly the Plan's state (tokens, frac, stamp), limit
+// and full_at (Plan.FullAt): the SQL is the Plan at a tick of 1µs.
+func TestPlanDifferential(t *testing.T) {
+	clock := sluicetest.NewClock(epoch)
+	stores := map[sluice.ChangePolicy]*pgstore.Store{}
+	tables := map[sluice.ChangePolicy]string{}
+	for _, p := range []sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens} {
+		stores[p], tables[p] = newStoreTable(t, pgstore.Options{Now: clock.Now, OnLimitChange: p})
+	}
+	ctx := context.Background()
+	n := 0
+	rapid.Check(t, func(rt *rapid.T) {
+		policy := rapid.SampledFrom([]sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "policy")
+		s, table := stores[policy], tables[policy]
+		n++
+		key := "k" + strconv.Itoa(n) // a fresh bucket per check
+		limits := rapid.SliceOfN(limitGen(), 1, 3).Draw(rt, "limits")
+		now := epoch
+		clock.Set(now)
+		var b *refBucket
+		steps := rapid.IntRange(1, 40).Draw(rt, "steps")
+		for i := range steps {
+			switch rapid.IntRange(0, 3).Draw(rt, "move (0 none, 1 small, 2 large, 3 back)") {
+			case 1:
+				now = now.Add(time.Duration(rapid.Int64Range(0, 5e6).Draw(rt, "µs")) * time.Microsecond)
+			case 2:
+				now = now.Add(time.Duration(rapid.Int64Range(0, int64(100*365*24*time.Hour/time.Microsecond)).Draw(rt, "µs")) * time.Microsecond)
+			case 3:
+				now = now.Add(-time.Duration(rapid.Int64Range(0, 1e7).Draw(rt, "µs back")) * time.Microsecond)
+			}
+			clock.Set(now)
+			l := rapid.SampledFrom(limits).Draw(rt, "limit")
+			cost := rapid.OneOf(rapid.Int64Range(1, min(l.Capacity, 5)), rapid.Int64Range(1, l.Capacity)).Draw(rt, "cost")
+			var want sluice.Decision
+			b, want = refTake(b, now.UnixMicro(), cost, l, policy)
+			got, err := s.Take(ctx, sluice.Request{Key: key, Cost: cost, Limit: l})
+			if err != nil {
+				rt.Fatalf("step %d: Take(%q, %d, %v): %v", i, key, cost, l, err)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				rt.Fatalf("step %d: Take(%q, %d, %v) = %+v, want %+v (Plan's) (-want +got):\n%s", i, key, cost, l, got, want, diff)
+			}
+			gotRow, ok := readRow(rt, table, key)
+			if !ok {
+				rt.Fatalf("step %d: no row for %q after a take", i, key)
+			}
+			if diff := cmp.Diff(rowOf(b), gotRow); diff != "" {
+				rt.Fatalf("step %d: row of %q = %+v, want %+v (Plan's) (-want +got):\n%s", i, key, gotRow, rowOf(b), diff)
+			}
+		}
+	})
+}

@@ -1,0 +1,113 @@
+package pgstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/pgstore"
+	"github.com/sluicehq/sluice/sluicetest"
+)
+
+// dbMicros reads the database clock in µs since the Unix epoch.
+func dbMicros(t *testing.T) int64 {
+	t.Helper()
+	var us int64
+	if err := testPool.QueryRow(context.Background(), "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint").Scan(&us); err != nil {
+		t.Fatal(err)
+	}
+	return us
+}
+
+// TestDatabaseClock: without Options.Now, a take is stamped with the
+// database clock, read during the statement, and the stamp never moves back.
+func TestDatabaseClock(t *testing.T) {
+	s, table := newStoreTable(t, pgstore.Options{})
+	ctx := context.Background()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
+	var last int64
+	for i := range 3 {
+		before := dbMicros(t)
+		d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
+		after := dbMicros(t)
+		if err != nil || !d.Allowed {
+			t.Fatalf("Take %d = %+v, %v", i, d, err)
+		}
+		r, _ := readRow(t, table, "k")
+		if r.Stamp < before || r.Stamp > after || r.Stamp < last {
+			t.Fatalf("take %d stamped %d, not within the database clock's [%d, %d] or before the previous stamp %d", i, r.Stamp, before, after, last)
+		}
+		last = r.Stamp
+		// Less than a second refilled since the first take: the level is
+		// 10 - (i+1) tokens and a fraction.
+		if want := int64(9 - i); d.Remaining < want || d.Remaining > want+1 {
+			t.Fatalf("Take %d: Remaining %d, want about %d", i, d.Remaining, want)
+		}
+	}
+}
+
+// TestPeekCreatesNothing: a Peek of a missing bucket reports it full and
+// writes no row; a Peek of an existing one under another limit converts
+// only its answer.
+func TestPeekCreatesNothing(t *testing.T) {
+	clock := sluicetest.NewClock(epoch)
+	s, table := newStoreTable(t, pgstore.Options{Now: clock.Now})
+	ctx := context.Background()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(2)}
+	d, err := s.Peek(ctx, "missing", l)
+	if want := (sluice.Decision{Allowed: true, Remaining: 10, Limit: l}); err != nil || d != want {
+		t.Fatalf("Peek(missing) = %+v, %v; want %+v", d, err, want)
+	}
+	if _, ok := readRow(t, table, "missing"); ok {
+		t.Fatalf("Peek created a row for a missing key")
+	}
+	if _, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 6, Limit: l}); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := readRow(t, table, "k")
+	clock.Set(epoch.Add(time.Second))
+	other := sluice.Limit{Capacity: 3, Rate: sluice.PerSecond(1)}
+	d, err = s.Peek(ctx, "k", other)
+	// 4 + 2 = 6 tokens, kept and clamped to 3: full under the new limit.
+	if want := (sluice.Decision{Allowed: true, Remaining: 3, Limit: other}); err != nil || d != want {
+		t.Fatalf("Peek(k, %v) = %+v, %v; want %+v", other, d, err, want)
+	}
+	if after, _ := readRow(t, table, "k"); after != before {
+		t.Fatalf("Peek changed the row from %+v to %+v", before, after)
+	}
+}
+
+// TestReplayAfterSweep: a request ID outlives its bucket. Once the bucket
+// is full and swept, a retry still gets the remembered decision, consumes
+// nothing and leaves no bucket behind; after the TTL it is decided anew.
+func TestReplayAfterSweep(t *testing.T) {
+	clock := sluicetest.NewClock(epoch)
+	s, table := newStoreTable(t, pgstore.Options{Now: clock.Now, RequestIDTTL: time.Minute})
+	ctx := context.Background()
+	l := sluice.Limit{Capacity: 5, Rate: sluice.PerSecond(1)}
+	r := sluice.Request{Key: "k", Cost: 5, Limit: l, RequestID: "charge-1"}
+	first, err := s.Take(ctx, r)
+	if want := (sluice.Decision{Allowed: true, Remaining: 0, ResetAfter: 5 * time.Second, Limit: l}); err != nil || first != want {
+		t.Fatalf("Take = %+v, %v; want %+v", first, err, want)
+	}
+	clock.Set(epoch.Add(10 * time.Second))
+	if swept, err := s.Sweep(ctx); err != nil || swept != (pgstore.Swept{Buckets: 1}) {
+		t.Fatalf("Sweep() = %+v, %v; want the full bucket swept", swept, err)
+	}
+	got, err := s.Take(ctx, r)
+	if want := replayed(first); err != nil || got != want {
+		t.Fatalf("retry after the sweep = %+v, %v; want %+v", got, err, want)
+	}
+	if _, ok := readRow(t, table, "k"); ok {
+		t.Fatalf("the replay left a bucket row")
+	}
+	if _, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 4, Limit: l, RequestID: "charge-1"}); err == nil {
+		t.Fatalf("the same request ID with another cost was not a conflict")
+	}
+	clock.Set(epoch.Add(time.Minute))
+	got, err = s.Take(ctx, r)
+	if want := (sluice.Decision{Allowed: true, Remaining: 0, ResetAfter: 5 * time.Second, Limit: l}); err != nil || got != want {
+		t.Fatalf("Take after the TTL = %+v, %v; want %+v (a new decision)", got, err, want)
+	}
+}

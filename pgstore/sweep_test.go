@@ -1,0 +1,283 @@
+package pgstore_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/pgstore"
+	"github.com/sluicehq/sluice/sluicetest"
+	"pgregory.net/rapid"
+)
+
+// idRow is a remembered request ID as stored.
+type idRow struct {
+	Key, RequestID                           string
+	Cost, Capacity, RateTokens, PeriodMicros int64
+	Allowed                                  bool
+	Remaining, RetryMicros, ResetMicros, Exp int64
+}
+
+// readTables returns every bucket row of table by key, and every request ID
+// row.
+func readTables(t tb, table string) (map[string]row, []idRow) {
+	t.Helper()
+	ctx := context.Background()
+	rows, err := testPool.Query(ctx, "SELECT key, tokens, frac, stamp, capacity, rate_tokens, period_us, coalesce(full_at, 9223372036854775807) FROM "+qualified(table))
+	if err != nil {
+		t.Fatalf("reading %s: %v", table, err)
+	}
+	buckets := map[string]row{}
+	var key []byte
+	var r row
+	if _, err := pgx.ForEachRow(rows, []any{&key, &r.Tokens, &r.Frac, &r.Stamp, &r.Capacity, &r.RateTokens, &r.PeriodMicros, &r.FullAt}, func() error {
+		buckets[string(key)] = r
+		return nil
+	}); err != nil {
+		t.Fatalf("reading %s: %v", table, err)
+	}
+	rows, err = testPool.Query(ctx, "SELECT key, request_id, cost, capacity, rate_tokens, period_us, allowed, remaining, retry_us, reset_us, expires_at FROM "+
+		qualified(table+"_request_ids")+" ORDER BY key, request_id")
+	if err != nil {
+		t.Fatalf("reading %s_request_ids: %v", table, err)
+	}
+	var ids []idRow
+	var k, id []byte
+	var ir idRow
+	if _, err := pgx.ForEachRow(rows, []any{&k, &id, &ir.Cost, &ir.Capacity, &ir.RateTokens, &ir.PeriodMicros, &ir.Allowed, &ir.Remaining, &ir.RetryMicros, &ir.ResetMicros, &ir.Exp}, func() error {
+		ir.Key, ir.RequestID = string(k), string(id)
+		ids = append(ids, ir)
+		return nil
+	}); err != nil {
+		t.Fatalf("reading %s_request_ids: %v", table, err)
+	}
+	return buckets, ids
+}
+
+// fullAt reports whether the bucket r is full at tick now (µs) and its
+// stamp is not after now, computed with sluice.Plan from the row's state:
+// exactly the buckets a sweep at now may delete without changing any later
+// decision at now or after.
+func fullAt(t tb, r row, now int64) bool {
+	t.Helper()
+	l := sluice.Limit{Capacity: r.Capacity, Rate: sluice.Per(r.RateTokens, time.Duration(r.PeriodMicros)*time.Microsecond)}
+	p, err := sluice.NewPlan(l, time.Microsecond)
+	if err != nil {
+		t.Fatalf("row %+v has an invalid limit: %v", r, err)
+	}
+	st := p.Refill(sluice.State{Tokens: r.Tokens, Frac: uint64(r.Frac), Stamp: r.Stamp}, now)
+	return r.Stamp <= now && st.Tokens == l.Capacity
+}
+
+// sweepPair is a store that is swept and one that is not, on one clock.
+type sweepPair struct {
+	swept, kept           *pgstore.Store
+	sweptTable, keptTable string
+}
+
+// TestSweepRemovesFullBucketsOnly is a property test of the sweeper: two
+// stores receive the same random takes (several keys, limits that refill
+// fast, slowly or never, limit changes, request IDs, clock steps back);
+// one of them is swept once at a chosen instant. Exactly the buckets that
+// are full at that instant (by sluice.Plan's arithmetic on their stored
+// state) and the request IDs that have expired are gone; every other row is
+// unchanged; and from then on, with time moving forwards, both stores make
+// the same decisions, including replays and limit changes.
+func TestSweepRemovesFullBucketsOnly(t *testing.T) {
+	clock := sluicetest.NewClock(epoch)
+	pairs := map[sluice.ChangePolicy]*sweepPair{}
+	for _, policy := range []sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens} {
+		o := pgstore.Options{Now: clock.Now, OnLimitChange: policy, RequestIDTTL: time.Second}
+		p := &sweepPair{}
+		p.kept, p.keptTable = newStoreTable(t, o)
+		o.SweepBatch = 3 // several batches per sweep
+		p.swept, p.sweptTable = newStoreTable(t, o)
+		pairs[policy] = p
+	}
+	ctx := context.Background()
+	// Limits that become full within the test's time steps, some that
+	// take long or never refill, and the edges of the bounds.
+	small := rapid.Custom(func(t *rapid.T) sluice.Limit {
+		return sluice.Limit{
+			Capacity: rapid.Int64Range(1, 10).Draw(t, "capacity"),
+			Rate: sluice.Per(rapid.Int64Range(0, 5).Draw(t, "tokens"),
+				rapid.SampledFrom([]time.Duration{time.Microsecond, 7 * time.Millisecond, time.Second, time.Hour}).Draw(t, "period")),
+		}
+	})
+	var total, totalKept pgstore.Swept
+	rapid.Check(t, func(rt *rapid.T) {
+		policy := rapid.SampledFrom([]sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "policy")
+		p := pairs[policy]
+		for _, table := range []string{p.sweptTable, p.keptTable} {
+			if _, err := testPool.Exec(ctx, "DELETE FROM "+qualified(table)+"; DELETE FROM "+qualified(table+"_request_ids")); err != nil {
+				rt.Fatal(err)
+			}
+		}
+		limits := rapid.SliceOfN(rapid.OneOf(small, small, limitGen()), 1, 4).Draw(rt, "limits")
+		keys := rapid.IntRange(1, 8).Draw(rt, "keys")
+		now := epoch
+		clock.Set(now)
+		using := map[string]sluice.Limit{}
+
+		// step makes one random request of both stores at now and
+		// requires the same answer.
+		step := func(i int, phase string) {
+			key := "k" + strconv.Itoa(rapid.IntRange(0, keys-1).Draw(rt, "key"))
+			l, ok := using[key]
+			if !ok || rapid.IntRange(0, 4).Draw(rt, "change limit (0)") == 0 {
+				l = rapid.SampledFrom(limits).Draw(rt, "limit")
+				using[key] = l
+			}
+			if rapid.IntRange(0, 4).Draw(rt, "peek (0)") == 0 {
+				want, werr := p.kept.Peek(ctx, key, l)
+				got, err := p.swept.Peek(ctx, key, l)
+				if err != nil || werr != nil || got != want {
+					rt.Fatalf("%s step %d: Peek(%q, %v) = %+v, %v; the unswept store's %+v, %v", phase, i, key, l, got, err, want, werr)
+				}
+				return
+			}
+			r := sluice.Request{Key: key, Limit: l,
+				Cost: rapid.Int64Range(1, l.Capacity).Draw(rt, "cost")}
+			if rapid.Bool().Draw(rt, "request ID") {
+				r.RequestID = "r" + strconv.Itoa(rapid.IntRange(0, 2).Draw(rt, "request ID"))
+			}
+			want, werr := p.kept.Take(ctx, r)
+			got, err := p.swept.Take(ctx, r)
+			if fmt.Sprint(err) != fmt.Sprint(werr) || got != want {
+				rt.Fatalf("%s step %d: Take(%+v) = %+v, %v; the unswept store's %+v, %v", phase, i, r, got, err, want, werr)
+			}
+		}
+		forward := func() {
+			now = now.Add(time.Duration(rapid.SampledFrom([]int64{0, 1, 1e3, 1e5, 1e6, 1e7, 1e9}).Draw(rt, "forward µs")) * time.Microsecond)
+			clock.Set(now)
+		}
+
+		for i := range rapid.IntRange(1, 25).Draw(rt, "steps before") {
+			if rapid.IntRange(0, 5).Draw(rt, "step back (0)") == 0 {
+				now = now.Add(-time.Duration(rapid.Int64Range(1, 2e6).Draw(rt, "back µs")) * time.Microsecond)
+				clock.Set(now)
+			} else {
+				forward()
+			}
+			step(i, "before the sweep")
+		}
+
+		forward()
+		sweepAt := now.UnixMicro()
+		before, beforeIDs := readTables(rt, p.keptTable)
+		swept, err := p.swept.Sweep(ctx)
+		if err != nil {
+			rt.Fatalf("Sweep: %v", err)
+		}
+		after, afterIDs := readTables(rt, p.sweptTable)
+		wantRows := map[string]row{}
+		for key, r := range before {
+			full := fullAt(rt, r, sweepAt)
+			if full != (r.FullAt <= sweepAt) {
+				rt.Fatalf("bucket %q = %+v: full at %d is %v by sluice.Plan, but full_at says %v", key, r, sweepAt, full, !full)
+			}
+			if !full {
+				wantRows[key] = r
+			}
+		}
+		if diff := cmp.Diff(wantRows, after); diff != "" {
+			rt.Fatalf("after a sweep at %d, the buckets are not those that were not full (-want +got):\n%s", sweepAt, diff)
+		}
+		var wantIDs []idRow
+		for _, ir := range beforeIDs {
+			if ir.Exp > sweepAt {
+				wantIDs = append(wantIDs, ir)
+			}
+		}
+		if diff := cmp.Diff(wantIDs, afterIDs); diff != "" {
+			rt.Fatalf("after a sweep at %d, the request IDs are not those that had not expired (-want +got):\n%s", sweepAt, diff)
+		}
+		if want := (pgstore.Swept{Buckets: int64(len(before) - len(wantRows)), RequestIDs: int64(len(beforeIDs) - len(wantIDs))}); swept != want {
+			rt.Fatalf("Sweep() = %+v, want %+v", swept, want)
+		}
+		total.Buckets += swept.Buckets
+		total.RequestIDs += swept.RequestIDs
+		totalKept.Buckets += int64(len(wantRows))
+		totalKept.RequestIDs += int64(len(wantIDs))
+
+		for i := range rapid.IntRange(1, 15).Draw(rt, "steps after") {
+			forward()
+			step(i, "after the sweep")
+		}
+		// Every bucket left in the swept store is the unswept store's.
+		got, _ := readTables(rt, p.sweptTable)
+		kept, _ := readTables(rt, p.keptTable)
+		for key, r := range got {
+			if kept[key] != r {
+				rt.Fatalf("bucket %q is %+v in the swept store, %+v in the other", key, r, kept[key])
+			}
+		}
+	})
+	t.Logf("swept %d buckets and %d request IDs, kept %d and %d", total.Buckets, total.RequestIDs, totalKept.Buckets, totalKept.RequestIDs)
+}
+
+// TestSweeper: the background sweeper deletes full buckets and expired
+// request IDs on its own, counts them, and stops when the store is closed.
+func TestSweeper(t *testing.T) {
+	clock := sluicetest.NewClock(epoch)
+	o := pgstore.Options{Now: clock.Now, RequestIDTTL: time.Second}
+	_, table := newStoreTable(t, o) // migrated
+	o.Schema, o.Table, o.SweepInterval, o.SweepBatch = testSchema, table, 5*time.Millisecond, 2
+	ctx := context.Background()
+	s, err := pgstore.New(ctx, testPool, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)}
+	for i := range 5 {
+		if _, err := s.Take(ctx, sluice.Request{Key: "full" + strconv.Itoa(i), Cost: 10, Limit: l, RequestID: "r"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	never := sluice.Limit{Capacity: 10, Rate: sluice.Per(0, time.Second)}
+	if _, err := s.Take(ctx, sluice.Request{Key: "never", Cost: 1, Limit: never}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(epoch.Add(time.Second)) // the five are full, the IDs expired
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := s.Stats()
+		if st.SweptBuckets == 5 && st.SweptRequestIDs == 5 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10s, Stats() = %+v; want 5 buckets and 5 request IDs swept", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rows, ids := readTables(t, table)
+	if _, ok := rows["never"]; len(rows) != 1 || !ok || len(ids) != 0 {
+		t.Fatalf("after sweeping, the table holds %v and %d request IDs; want only the bucket %q", rows, len(ids), "never")
+	}
+	if st := s.Stats(); st.SweepErrors != 0 {
+		t.Fatalf("Stats() = %+v; want no errors", st)
+	}
+	// Closed: nothing is swept any more.
+	for i := range 3 {
+		if _, err := s.Take(ctx, sluice.Request{Key: "late" + strconv.Itoa(i), Cost: 1, Limit: l}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Set(epoch.Add(time.Hour))
+	time.Sleep(50 * time.Millisecond)
+	if rows, _ := readTables(t, table); len(rows) != 4 {
+		t.Fatalf("after Close, the sweeper still deleted buckets: %d left, want 4", len(rows))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
