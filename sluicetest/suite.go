@@ -40,8 +40,10 @@ import (
 
 // StoreOptions are what the suite asks a store factory for.
 type StoreOptions struct {
-	// Now is the clock. The store must read time only from it, and must
-	// take its epoch (tick zero) from one call of Now when it is built.
+	// Now is the clock. The store must read time only from it. Its epoch
+	// (tick zero) may be any fixed instant (one call of Now when it is
+	// built, or an absolute epoch shared by many processes): the suite only
+	// moves the clock by whole ticks, so differences stay exact.
 	Now func() time.Time
 	// OnLimitChange is how levels carry over on a limit change.
 	OnLimitChange sluice.ChangePolicy
