@@ -92,27 +92,7 @@ func rowOf(b *refBucket) row {
 
 // limitGen draws limits whose period is a whole number of µs, favouring the
 // edges of the bounds.
-func limitGen() *rapid.Generator[sluice.Limit] {
-	maxP := int64(sluice.MaxPeriod / time.Microsecond)
-	return rapid.Custom(func(t *rapid.T) sluice.Limit {
-		c := rapid.OneOf(
-			rapid.SampledFrom([]int64{1, 2, 3, 10, 1000, sluice.MaxCapacity}),
-			rapid.Int64Range(1, 100),
-			rapid.Int64Range(1, sluice.MaxCapacity),
-		).Draw(t, "capacity")
-		n := rapid.OneOf(
-			rapid.SampledFrom([]int64{0, 1, 3, 1000, sluice.MaxTokens}),
-			rapid.Int64Range(0, 100),
-			rapid.Int64Range(0, sluice.MaxTokens),
-		).Draw(t, "tokens")
-		p := rapid.OneOf(
-			rapid.SampledFrom([]int64{1, 13, 1e6, 13e6, maxP}),
-			rapid.Int64Range(1, 1000),
-			rapid.Int64Range(1, maxP),
-		).Draw(t, "period µs")
-		return sluice.Limit{Capacity: c, Rate: sluice.Per(n, time.Duration(p)*time.Microsecond)}
-	})
-}
+func limitGen() *rapid.Generator[sluice.Limit] { return sluicetest.Limits(time.Microsecond) }
 
 // TestPlanDifferential drives one key of the store and sluice.Plan with the
 // same random takes, limit changes and clock moves (forwards by up to 100

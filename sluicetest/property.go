@@ -23,12 +23,13 @@ var machineKeys = []string{"a", "b", "c", strings.Repeat("k", sluice.MaxKeyLen),
 
 var policies = []sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}
 
-// limitGen draws valid limits whose periods are whole ticks, favouring the
-// edges: capacity 1 and 2^40, no refill, 2^40 tokens a tick, 1 token in 366
-// days.
-func (s Suite) limitGen() *rapid.Generator[sluice.Limit] {
-	maxP := int64(sluice.MaxPeriod / s.Tick)
-	sec := int64(time.Second / s.Tick)
+// Limits returns a rapid generator of valid limits whose periods are whole
+// ticks of the given length, favouring the edges: capacity 1 and 2^40, no
+// refill, 2^40 tokens a tick, 1 token in 366 days. tick must divide one
+// second.
+func Limits(tick time.Duration) *rapid.Generator[sluice.Limit] {
+	maxP := int64(sluice.MaxPeriod / tick)
+	sec := int64(time.Second / tick)
 	return rapid.Custom(func(t *rapid.T) sluice.Limit {
 		c := rapid.OneOf(
 			rapid.SampledFrom([]int64{1, 2, 3, 10, 1000, sluice.MaxCapacity}),
@@ -45,9 +46,12 @@ func (s Suite) limitGen() *rapid.Generator[sluice.Limit] {
 			rapid.Int64Range(1, 1000),
 			rapid.Int64Range(1, maxP),
 		).Draw(t, "period ticks")
-		return sluice.Limit{Capacity: c, Rate: sluice.Per(n, time.Duration(p)*s.Tick)}
+		return sluice.Limit{Capacity: c, Rate: sluice.Per(n, time.Duration(p)*tick)}
 	})
 }
+
+// limitGen draws the limits of the suite's tests: Limits at the store's tick.
+func (s Suite) limitGen() *rapid.Generator[sluice.Limit] { return Limits(s.Tick) }
 
 // supportedLimitGen is limitGen restricted to the limits the store decides
 // (Suite.Supports): the capacity of a refused limit is halved until the
