@@ -1,0 +1,316 @@
+// Package httplimit is net/http middleware that rate-limits requests with a
+// sluice.Store: each request is charged to the bucket of its key, and a
+// denied request is answered 429 Too Many Requests with Retry-After and the
+// RateLimit-Policy and RateLimit fields of the IETF draft
+// draft-ietf-httpapi-ratelimit-headers-11, in place of the handler.
+//
+// A request the limiter cannot decide is never passed through silently: a
+// store failure is 503, a denial made by a failure policy while the store is
+// unreachable (a Decision with Degraded set) is 503 with the problem type
+// "temporary-reduced-capacity", never 429. See docs/http.md for the mapping
+// from a token bucket to the header fields and for choosing a key.
+package httplimit
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/sluicehq/sluice"
+)
+
+// Errors passed to Options.ErrorHandler (wrapped; test with errors.Is). The
+// store's own parameter errors (sluice.ErrInvalidKey, ErrInvalidCost,
+// ErrInvalidLimit, ErrInvalidRequestID, ErrRequestIDConflict) are passed as
+// they are.
+var (
+	// ErrNoKey means the key function found nothing to key the request by
+	// (a missing header, a RemoteAddr that is not an IP address). Default
+	// answer: 400.
+	ErrNoKey = errors.New("httplimit: request has no key")
+	// ErrStore means the store failed to decide (it was unreachable,
+	// timed out, was full with sluice.ErrTooManyKeys, or the request's
+	// context ended); the request was not allowed. Default answer: 503.
+	ErrStore = errors.New("httplimit: store failed")
+	// ErrInvalidOption means an Options or ClientIPOptions value is out of
+	// range; New and ClientIP return it.
+	ErrInvalidOption = errors.New("httplimit: invalid option")
+)
+
+// DefaultPolicy is the policy name of the zero Options.
+const DefaultPolicy = "default"
+
+// MaxPolicyLen is the longest policy name, in bytes.
+const MaxPolicyLen = 64
+
+// Options configure a Middleware. The zero value of every field means its
+// documented default, except that one of Limit and LimitFunc must be set.
+type Options struct {
+	// Key returns the key of a request's bucket. Default: the client's
+	// address as ClientIP with the zero ClientIPOptions keys it (the
+	// connection's peer, IPv6 by /64, forwarding headers ignored).
+	//
+	// The store key is Policy + ":" + the returned key, so that two
+	// middlewares with different policies can share a store; it must be
+	// at most sluice.MaxKeyLen bytes (else sluice.ErrInvalidKey, 400). An
+	// empty key is ErrNoKey.
+	Key KeyFunc
+	// Limit is the limit of every request when LimitFunc is nil.
+	Limit sluice.Limit
+	// LimitFunc, when set, returns the limit of each request, for example
+	// from the customer's plan: a key seen under another limit than
+	// before keeps its bucket, converted as the store's change policy
+	// says. An error it returns is passed to ErrorHandler (500 by
+	// default). Set Limit or LimitFunc, not both.
+	LimitFunc func(r *http.Request) (sluice.Limit, error)
+	// Cost returns the tokens a request costs, 1 to the limit's capacity.
+	// Default: 1 for every request. A cost outside that range is
+	// sluice.ErrInvalidCost (500 by default: it is a bug in Cost, not a
+	// denial); any other error it returns is passed to ErrorHandler.
+	Cost func(r *http.Request) (int64, error)
+	// Policy names the quota policy in the RateLimit-Policy and RateLimit
+	// fields and in problem bodies, and prefixes every store key. 1 to
+	// MaxPolicyLen bytes of printable ASCII. Default DefaultPolicy
+	// ("default").
+	Policy string
+	// RequestIDHeader names a header (such as "Idempotency-Key") whose
+	// value, when present, is the request ID of the take: a retry that
+	// carries the same value for the same key is not charged again while
+	// the store remembers the first decision. Default: none.
+	//
+	// Set it only if the application itself deduplicates requests by this
+	// header (answers a repeated value from its own record without doing
+	// the work again): otherwise a client can send any number of
+	// different requests under one value and be charged once. A retry
+	// of a request that was denied is charged as a new request (a denial
+	// took nothing, so nothing is charged twice). The same value with
+	// another cost or limit is sluice.ErrRequestIDConflict (422 by
+	// default).
+	RequestIDHeader string
+	// ErrorHandler writes the answer to a request that could not be
+	// decided, with err wrapping ErrNoKey, ErrStore, a sluice parameter
+	// error, or an error from Key, LimitFunc or Cost; the next handler is
+	// not called. Default: DefaultErrorHandler. To let requests through
+	// while the store is down, wrap the store in a failure policy (its
+	// degraded allows pass) rather than passing them here.
+	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
+}
+
+// Middleware charges each request to its key's bucket in a store and
+// answers denied requests itself. Create one with New; it is safe for
+// concurrent use if its store is.
+type Middleware struct {
+	store      sluice.Store
+	key        KeyFunc
+	limit      sluice.Limit
+	limitFunc  func(*http.Request) (sluice.Limit, error)
+	cost       func(*http.Request) (int64, error)
+	policy     string
+	quoted     string // policy as a Structured Field String
+	prefix     string // policy + ":"
+	policyItem string // RateLimit-Policy value under limit (when fixed)
+	idHeader   string
+	onError    func(http.ResponseWriter, *http.Request, error)
+}
+
+// New returns a Middleware that decides with store under o. The error
+// wraps ErrInvalidOption if o is not valid, or sluice.ErrInvalidLimit if
+// o.Limit is set and not valid.
+func New(store sluice.Store, o Options) (*Middleware, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: store is nil", ErrInvalidOption)
+	}
+	m := &Middleware{
+		store:     store,
+		key:       o.Key,
+		limit:     o.Limit,
+		limitFunc: o.LimitFunc,
+		cost:      o.Cost,
+		policy:    o.Policy,
+		idHeader:  o.RequestIDHeader,
+		onError:   o.ErrorHandler,
+	}
+	switch {
+	case o.LimitFunc != nil && o.Limit != (sluice.Limit{}):
+		return nil, fmt.Errorf("%w: set Limit or LimitFunc, not both", ErrInvalidOption)
+	case o.LimitFunc == nil:
+		if err := o.Limit.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	if m.policy == "" {
+		m.policy = DefaultPolicy
+	}
+	if err := validPolicy(m.policy); err != nil {
+		return nil, err
+	}
+	m.quoted = quoteString(m.policy)
+	m.prefix = m.policy + ":"
+	if o.LimitFunc == nil {
+		m.policyItem = string(appendPolicyField(nil, m.quoted, m.limit))
+	}
+	if m.key == nil {
+		key, err := ClientIP(ClientIPOptions{})
+		if err != nil {
+			return nil, err
+		}
+		m.key = key
+	}
+	if m.onError == nil {
+		m.onError = DefaultErrorHandler
+	}
+	return m, nil
+}
+
+// validPolicy reports whether a policy name is 1 to MaxPolicyLen bytes of
+// printable ASCII, what a Structured Field String can hold.
+func validPolicy(p string) error {
+	if len(p) > MaxPolicyLen {
+		return fmt.Errorf("%w: policy name is %d bytes, more than %d", ErrInvalidOption, len(p), MaxPolicyLen)
+	}
+	for i := 0; i < len(p); i++ {
+		if p[i] < 0x20 || p[i] > 0x7e {
+			return fmt.Errorf("%w: policy name %q has a byte 0x%02x that is not printable ASCII", ErrInvalidOption, p, p[i])
+		}
+	}
+	return nil
+}
+
+// Policy returns the policy name m reports and prefixes its keys with.
+func (m *Middleware) Policy() string { return m.policy }
+
+// Handler returns a handler that decides each request and calls next only
+// for allowed ones (including those a failure policy allowed while the
+// store was degraded), with the RateLimit-Policy and RateLimit fields set on
+// the response. A denied request is answered 429 (503 if the denial is
+// degraded) with a problem body; one that cannot be decided goes to
+// Options.ErrorHandler. Degraded answers carry no RateLimit field, and a
+// RateLimit-Policy only if the failure policy decided under a reduced
+// limit.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, req, err := m.decide(r)
+		if err != nil {
+			m.onError(w, r, err)
+			return
+		}
+		h := w.Header()
+		retry, hasRetry := retryAfterSeconds(d.RetryAfter)
+		if d.Degraded {
+			// A failure policy decided: its numbers do not describe the
+			// shared bucket, so RateLimit is not sent. A reduced limit it
+			// decided under is shown as the draft allows, as a temporarily
+			// lower quota.
+			if d.Limit.Validate() == nil && d.Limit != req.Limit {
+				h["Ratelimit-Policy"] = []string{string(appendPolicyField(nil, m.quoted, d.Limit))}
+			}
+		} else {
+			lim := d.Limit
+			if lim.Validate() != nil {
+				lim = req.Limit // a store that did not report its limit
+			}
+			m.setFields(h, d, lim, retry)
+		}
+		if d.Allowed {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if hasRetry {
+			h.Set(HeaderRetryAfter, strconv.FormatInt(retry, 10))
+		}
+		if d.Degraded {
+			writeProblem(w, http.StatusServiceUnavailable, problem{
+				Type:             ProblemReducedCapacity,
+				Title:            "Temporarily reduced capacity",
+				Detail:           "the rate limiter is degraded and cannot admit this request now",
+				ViolatedPolicies: []string{m.policy},
+			})
+			return
+		}
+		detail := fmt.Sprintf("the request costs %d and %d of %d remain", req.Cost, max(d.Remaining, 0), req.Limit.Capacity)
+		if !hasRetry {
+			detail += "; waiting will not help"
+		}
+		writeProblem(w, http.StatusTooManyRequests, problem{
+			Type:             ProblemQuotaExceeded,
+			Title:            "Quota exceeded",
+			Detail:           detail,
+			ViolatedPolicies: []string{m.policy},
+		})
+	})
+}
+
+// setFields sets RateLimit-Policy and RateLimit for d under l.
+func (m *Middleware) setFields(h http.Header, d sluice.Decision, l sluice.Limit, retryAfter int64) {
+	var buf [128]byte
+	policy := m.policyItem
+	if policy == "" || l != m.limit {
+		policy = string(appendPolicyField(buf[:0], m.quoted, l))
+	}
+	// The canonical forms, written directly: Header.Set would allocate
+	// to canonicalize the names on every request.
+	h["Ratelimit-Policy"] = []string{policy}
+	h["Ratelimit"] = []string{string(appendLimitField(buf[:0], m.quoted, d, l, retryAfter))}
+}
+
+// decide builds the request's sluice.Request and takes it from the store.
+func (m *Middleware) decide(r *http.Request) (sluice.Decision, sluice.Request, error) {
+	var req sluice.Request
+	key, err := m.key(r)
+	if err != nil {
+		return sluice.Decision{}, req, err
+	}
+	if key == "" {
+		return sluice.Decision{}, req, fmt.Errorf("%w: the key function returned an empty key", ErrNoKey)
+	}
+	req.Key = m.prefix + key
+	req.Limit = m.limit
+	if m.limitFunc != nil {
+		if req.Limit, err = m.limitFunc(r); err != nil {
+			return sluice.Decision{}, req, err
+		}
+	}
+	req.Cost = 1
+	if m.cost != nil {
+		if req.Cost, err = m.cost(r); err != nil {
+			return sluice.Decision{}, req, err
+		}
+	}
+	if m.idHeader != "" {
+		req.RequestID = r.Header.Get(m.idHeader)
+	}
+	if err := req.Validate(); err != nil {
+		return sluice.Decision{}, req, err
+	}
+	d, err := take(r, m.store, req)
+	return d, req, err
+}
+
+// take takes req from store. A replayed denial is taken again without the
+// request ID: the first attempt took nothing, so the retry is charged as a
+// new request instead of being denied again until the store forgets the ID.
+// Errors that are not parameter errors are wrapped with ErrStore.
+func take(r *http.Request, store sluice.Store, req sluice.Request) (sluice.Decision, error) {
+	d, err := store.Take(r.Context(), req)
+	if err == nil && d.Replayed && !d.Allowed {
+		req.RequestID = ""
+		d, err = store.Take(r.Context(), req)
+	}
+	if err != nil && !isParameterError(err) {
+		err = fmt.Errorf("%w: %w", ErrStore, err)
+	}
+	return d, err
+}
+
+func isParameterError(err error) bool {
+	for _, target := range []error{
+		sluice.ErrInvalidKey, sluice.ErrInvalidCost, sluice.ErrInvalidLimit,
+		sluice.ErrInvalidRequestID, sluice.ErrRequestIDConflict,
+	} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
+}
