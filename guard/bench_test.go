@@ -1,0 +1,46 @@
+package guard_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/guard"
+	"github.com/sluicehq/sluice/memstore"
+)
+
+// BenchmarkTake measures what the guard adds to a store's Take: the store
+// here is memstore, so the numbers are the guard's own cost.
+func BenchmarkTake(b *testing.B) {
+	l := sluice.Limit{Capacity: 1 << 40, Rate: sluice.PerSecond(1 << 40)}
+	ms := memstore.New(memstore.Options{SweepInterval: -1})
+	b.Cleanup(func() { ms.Close() })
+	for _, bc := range []struct {
+		name  string
+		store sluice.Store
+	}{
+		{"memstore", ms},
+		{"guard", guard.New(ms, guard.Options{})},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			r := sluice.Request{Key: "k", Cost: 1, Limit: l}
+			b.ReportAllocs()
+			for b.Loop() {
+				bc.store.Take(ctx, r)
+			}
+		})
+		b.Run(bc.name+"/parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				r := sluice.Request{Key: "k", Cost: 1, Limit: l}
+				for pb.Next() {
+					bc.store.Take(ctx, r)
+				}
+			})
+		})
+	}
+}

@@ -1,0 +1,69 @@
+package promstore_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/guard"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/promstore"
+)
+
+// A guarded store with its metrics in the program's own registry: the
+// guard's hooks record the breaker and the store calls, the wrapper the
+// decisions.
+func Example() {
+	reg := prometheus.NewRegistry()
+	hooks, err := promstore.GuardHooks(reg, promstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	mem := memstore.New(memstore.Options{}) // stands for redisstore here
+	defer mem.Close()
+	g := guard.New(mem, guard.Options{Policy: guard.FailClosed, Hooks: hooks})
+	store, err := promstore.New(g, reg, promstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+
+	limit := sluice.Limit{Capacity: 2, Rate: sluice.Per(1, time.Minute)}
+	for range 3 {
+		store.Take(context.Background(), sluice.Request{Key: "user-1", Cost: 1, Limit: limit})
+	}
+	printNonZero(reg, "sluice_decisions_total", "sluice_breaker_state", "sluice_remaining_ratio")
+	// Output:
+	// sluice_breaker_state{state="closed"} 1
+	// sluice_decisions_total{op="take",result="allowed"} 2
+	// sluice_decisions_total{op="take",result="denied"} 1
+	// sluice_remaining_ratio count 3
+}
+
+// printNonZero prints the series of the named metrics whose value (or
+// sample count) is not zero.
+func printNonZero(reg *prometheus.Registry, names ...string) {
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if !slices.Contains(names, mf.GetName()) {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, lp := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", lp.GetName(), lp.GetValue()))
+			}
+			switch {
+			case m.GetHistogram() != nil:
+				fmt.Printf("%s count %d\n", mf.GetName(), m.GetHistogram().GetSampleCount())
+			case m.GetCounter().GetValue() != 0:
+				fmt.Printf("%s{%s} %v\n", mf.GetName(), strings.Join(labels, ","), m.GetCounter().GetValue())
+			case m.GetGauge().GetValue() != 0:
+				fmt.Printf("%s{%s} %v\n", mf.GetName(), strings.Join(labels, ","), m.GetGauge().GetValue())
+			}
+		}
+	}
+}

@@ -1,0 +1,91 @@
+package promstore
+
+import (
+	"context"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluicehq/sluice/guard"
+)
+
+var breakerStates = []guard.BreakerState{guard.BreakerClosed, guard.BreakerOpen, guard.BreakerHalfOpen}
+
+// GuardHooks registers the metrics of a guard.Store with reg and returns
+// the hooks that record them; pass them as guard.Options.Hooks to one
+// guard:
+//
+//   - <ns>_store_duration_seconds{op}: histogram of the time each call
+//     to the wrapped store took, failed calls included.
+//   - <ns>_store_errors_total{op, kind}: counter of failed store calls by
+//     Kind ("timeout", "unavailable", "server", "other"; also "invalid"
+//     and "refused" for the errors a store answers with).
+//   - <ns>_degraded_total{policy, reason}: counter of decisions made by
+//     the policy ("local", "closed", "open"), by reason: "breaker_open",
+//     or the Kind of the store failure.
+//   - <ns>_breaker_state{state}: gauge, 1 for the breaker's current state
+//     ("closed", "open", "half-open"), 0 for the others.
+//   - <ns>_breaker_transitions_total{to}: counter of the breaker's
+//     changes, by the state entered.
+//
+// The state gauge starts at closed, as a new guard does. To also log the
+// cause of each degraded decision, call the returned Degraded hook from
+// your own. It returns an error, and registers nothing, if reg is nil or
+// refuses a collector.
+func GuardHooks(reg prometheus.Registerer, o Options) (guard.Hooks, error) {
+	o.defaults()
+	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: o.Namespace, Name: "store_duration_seconds", ConstLabels: o.ConstLabels,
+		Help:    "Time each call to the guarded store took, failed calls included, in seconds.",
+		Buckets: o.DurationBuckets,
+	}, []string{"op"})
+	storeErrors := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: o.Namespace, Name: "store_errors_total", ConstLabels: o.ConstLabels,
+		Help: "Failed calls to the guarded store, by operation and kind (timeout, unavailable, server, other, invalid, refused).",
+	}, []string{"op", "kind"})
+	degraded := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: o.Namespace, Name: "degraded_total", ConstLabels: o.ConstLabels,
+		Help: "Decisions made by the failure policy instead of the store, by policy and reason (breaker_open or the kind of store error).",
+	}, []string{"policy", "reason"})
+	state := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: o.Namespace, Name: "breaker_state", ConstLabels: o.ConstLabels,
+		Help: "1 for the circuit breaker's current state (closed, open, half-open), 0 for the others.",
+	}, []string{"state"})
+	transitions := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: o.Namespace, Name: "breaker_transitions_total", ConstLabels: o.ConstLabels,
+		Help: "Changes of the circuit breaker's state, by the state entered.",
+	}, []string{"to"})
+	if err := register(reg, duration, storeErrors, degraded, state, transitions); err != nil {
+		return guard.Hooks{}, err
+	}
+	var durations [2]prometheus.Observer
+	for i, op := range ops {
+		durations[i] = duration.WithLabelValues(op.String())
+		for _, k := range []string{KindTimeout, KindUnavailable, KindServer, KindOther} {
+			storeErrors.WithLabelValues(op.String(), k)
+		}
+	}
+	var (
+		stateGauges [3]prometheus.Gauge
+		entered     [3]prometheus.Counter
+	)
+	for _, st := range breakerStates {
+		stateGauges[st] = state.WithLabelValues(st.String())
+		entered[st] = transitions.WithLabelValues(st.String())
+	}
+	stateGauges[guard.BreakerClosed].Set(1)
+	return guard.Hooks{
+		StoreCall: func(_ context.Context, c guard.Call) {
+			durations[c.Op].Observe(c.Took.Seconds())
+			if c.Err != nil {
+				storeErrors.WithLabelValues(c.Op.String(), o.kind(c.Err)).Inc()
+			}
+		},
+		Degraded: func(_ context.Context, d guard.Degradation) {
+			degraded.WithLabelValues(d.Policy.String(), o.kind(d.Cause)).Inc()
+		},
+		BreakerChange: func(from, to guard.BreakerState) {
+			stateGauges[from].Set(0)
+			stateGauges[to].Set(1)
+			entered[to].Inc()
+		},
+	}, nil
+}

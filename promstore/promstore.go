@@ -1,0 +1,299 @@
+// Package promstore records what a limiter does as Prometheus metrics, in a
+// registry the caller supplies (never the global one):
+//
+//   - New wraps any sluice.Store and counts its decisions by result,
+//     replays, errors by kind, the remaining tokens as a fraction of the
+//     capacity, and the latency callers see.
+//   - GuardHooks returns the guard.Hooks that record what a guard.Store
+//     does behind that: store latency and errors by kind, degraded
+//     decisions by policy and reason, breaker state and transitions.
+//   - RegisterMemstore exports a memstore.Store's counters: live buckets,
+//     evictions by reason, refused keys.
+//
+// No metric has a label per key or per user: the number of series is fixed,
+// whatever the traffic. Metric names and labels are listed in
+// docs/failure.md. The library's other packages do not import Prometheus;
+// only a program that imports this one compiles it.
+//
+// Wire a guarded Redis store like this:
+//
+//	hooks, err := promstore.GuardHooks(reg, promstore.Options{})
+//	g := guard.New(redisStore, guard.Options{Policy: guard.FailLocal, LocalDivisor: 4, Hooks: hooks})
+//	store, err := promstore.New(g, reg, promstore.Options{})
+package promstore
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/guard"
+)
+
+// DefaultNamespace starts every metric name when Options.Namespace is
+// empty.
+const DefaultNamespace = "sluice"
+
+// Results of a decision, the values of the result label.
+const (
+	ResultAllowed         = "allowed"
+	ResultDenied          = "denied"
+	ResultDegradedAllowed = "degraded_allowed"
+	ResultDegradedDenied  = "degraded_denied"
+	ResultError           = "error"
+)
+
+// Kinds of error, the values of the kind label (see Kind).
+const (
+	KindInvalid     = "invalid"
+	KindRefused     = "refused"
+	KindCanceled    = "canceled"
+	KindTimeout     = "timeout"
+	KindUnavailable = "unavailable"
+	KindServer      = "server"
+	KindBreakerOpen = "breaker_open"
+	KindOther       = "other"
+)
+
+// Options configure the metrics. The zero value of every field means its
+// documented default.
+type Options struct {
+	// Namespace starts every metric name, as in sluice_decisions_total.
+	// Default DefaultNamespace ("sluice").
+	Namespace string
+	// ConstLabels are added to every metric: for example {"limiter":
+	// "login"} to tell apart several limiters in one registry, which
+	// then must all use the same label names (Prometheus allows one set
+	// of label names per metric name). Default none.
+	ConstLabels prometheus.Labels
+	// DurationBuckets are the upper bounds, in seconds, of the latency
+	// histograms. Default 100µs to 1s: .0001, .00025, .0005, .001, .0025,
+	// .005, .01, .025, .05, .1, .25, 1.
+	DurationBuckets []float64
+	// RemainingBuckets are the upper bounds of the remaining-fraction
+	// histogram. Default 0, .05, .1, .25, .5, .75, .9, 1.
+	RemainingBuckets []float64
+	// Kind classifies errors for the kind label; it may return "" to fall
+	// back to the built-in Kind. Use it for errors of stores this package
+	// does not know, for example pgstore.ErrUnavailable → "unavailable".
+	// Default nil: Kind alone. Keep the set of values it returns small and
+	// fixed.
+	Kind func(error) string
+}
+
+func (o *Options) defaults() {
+	if o.Namespace == "" {
+		o.Namespace = DefaultNamespace
+	}
+	if len(o.DurationBuckets) == 0 {
+		o.DurationBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}
+	}
+	if len(o.RemainingBuckets) == 0 {
+		o.RemainingBuckets = []float64{0, .05, .1, .25, .5, .75, .9, 1}
+	}
+}
+
+// kind classifies err with o.Kind, then Kind.
+func (o *Options) kind(err error) string {
+	if o.Kind != nil {
+		if k := o.Kind(err); k != "" {
+			return k
+		}
+	}
+	return Kind(err)
+}
+
+// redisError is what go-redis's error replies (redis.Error) implement; it
+// is matched by method so that this package need not import go-redis.
+type redisError interface {
+	error
+	RedisError()
+}
+
+// Kind classifies an error of a sluice.Store, or the cause of a degraded
+// decision, for the kind label:
+//
+//   - "invalid": bad parameters (sluice.ErrInvalidKey, ErrInvalidCost,
+//     ErrInvalidLimit, ErrInvalidRequestID, ErrRequestIDConflict);
+//   - "refused": sluice.ErrTooManyKeys;
+//   - "breaker_open": guard.ErrBreakerOpen (no store call was made);
+//   - "timeout": guard.ErrTimeout, a deadline, a network timeout;
+//   - "canceled": context.Canceled (the caller gave up);
+//   - "server": the store's server answered with an error (a Redis error
+//     reply: a script error, OOM, READONLY, LOADING, CLUSTERDOWN...);
+//   - "unavailable": the server could not be reached or the connection
+//     broke (refused, reset, closed, EOF);
+//   - "other": anything else.
+//
+// It returns "" for a nil error.
+func Kind(err error) string {
+	var (
+		netErr   net.Error
+		redisErr redisError
+		opErr    *net.OpError
+	)
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, sluice.ErrInvalidKey), errors.Is(err, sluice.ErrInvalidCost),
+		errors.Is(err, sluice.ErrInvalidLimit), errors.Is(err, sluice.ErrInvalidRequestID),
+		errors.Is(err, sluice.ErrRequestIDConflict):
+		return KindInvalid
+	case errors.Is(err, sluice.ErrTooManyKeys):
+		return KindRefused
+	case errors.Is(err, guard.ErrBreakerOpen):
+		return KindBreakerOpen
+	case errors.Is(err, guard.ErrTimeout), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
+		return KindTimeout
+	case errors.Is(err, context.Canceled):
+		return KindCanceled
+	case errors.As(err, &redisErr):
+		return KindServer
+	case errors.As(err, &opErr), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNREFUSED),
+		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return KindUnavailable
+	}
+	return KindOther
+}
+
+// register registers every collector with reg, or none: on an error it
+// unregisters those it had registered.
+func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+	if reg == nil {
+		return errors.New("promstore: the registerer is nil; pass one explicitly (the global registry is never used)")
+	}
+	for i, c := range cs {
+		if err := reg.Register(c); err != nil {
+			for _, done := range cs[:i] {
+				reg.Unregister(done)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+var ops = []guard.Op{guard.OpTake, guard.OpPeek}
+
+// Store is a sluice.Store that records the decisions of another store.
+// It is safe for concurrent use if the wrapped store is. Create one with
+// New.
+type Store struct {
+	next sluice.Store
+	o    Options
+
+	decisions [2][5]prometheus.Counter // [op][result]
+	errors    *prometheus.CounterVec   // op, kind
+	duration  [2]prometheus.Observer   // [op]
+	remaining prometheus.Observer
+	replays   prometheus.Counter
+}
+
+var _ sluice.Store = (*Store)(nil)
+
+var results = [5]string{ResultAllowed, ResultDenied, ResultDegradedAllowed, ResultDegradedDenied, ResultError}
+
+// New registers the decision metrics with reg and returns a Store that
+// records them for every call to next:
+//
+//   - <ns>_decisions_total{op, result}: counter; op "take" or "peek",
+//     result "allowed", "denied", "degraded_allowed", "degraded_denied"
+//     or "error".
+//   - <ns>_errors_total{op, kind}: counter of errors returned to the
+//     caller, by Kind.
+//   - <ns>_decision_duration_seconds{op}: histogram of the time a call
+//     took, as the caller saw it.
+//   - <ns>_remaining_ratio: histogram of Remaining / Capacity after each
+//     take decided by the store (not degraded, not an error).
+//   - <ns>_replays_total: counter of replayed decisions (request IDs).
+//
+// It returns an error, and registers nothing, if reg is nil or refuses a
+// collector (the same names and labels registered twice).
+func New(next sluice.Store, reg prometheus.Registerer, o Options) (*Store, error) {
+	o.defaults()
+	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: o.Namespace, Name: "decisions_total", ConstLabels: o.ConstLabels,
+		Help: "Decisions by operation (take, peek) and result (allowed, denied, degraded_allowed, degraded_denied, error).",
+	}, []string{"op", "result"})
+	errs := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: o.Namespace, Name: "errors_total", ConstLabels: o.ConstLabels,
+		Help: "Errors returned to callers, by operation and kind (invalid, refused, canceled, timeout, unavailable, server, other).",
+	}, []string{"op", "kind"})
+	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: o.Namespace, Name: "decision_duration_seconds", ConstLabels: o.ConstLabels,
+		Help:    "Time a Take or Peek took, as the caller saw it, in seconds.",
+		Buckets: o.DurationBuckets,
+	}, []string{"op"})
+	remaining := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: o.Namespace, Name: "remaining_ratio", ConstLabels: o.ConstLabels,
+		Help:    "Tokens remaining after a take decided by the store, as a fraction of the capacity.",
+		Buckets: o.RemainingBuckets,
+	})
+	replays := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: o.Namespace, Name: "replays_total", ConstLabels: o.ConstLabels,
+		Help: "Decisions replayed for a repeated request ID; they consumed nothing.",
+	})
+	if err := register(reg, decisions, errs, duration, remaining, replays); err != nil {
+		return nil, err
+	}
+	s := &Store{next: next, o: o, errors: errs, remaining: remaining, replays: replays}
+	for i, op := range ops {
+		for j, res := range results {
+			s.decisions[i][j] = decisions.WithLabelValues(op.String(), res)
+		}
+		s.duration[i] = duration.WithLabelValues(op.String())
+		for _, k := range []string{KindInvalid, KindRefused, KindCanceled, KindTimeout, KindUnavailable, KindServer, KindOther} {
+			errs.WithLabelValues(op.String(), k) // exported at zero from the start
+		}
+	}
+	return s, nil
+}
+
+// Take implements sluice.Store: it calls the wrapped store and records the
+// call.
+func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	start := time.Now()
+	d, err := s.next.Take(ctx, r)
+	s.record(guard.OpTake, time.Since(start), d, err)
+	if err == nil && !d.Degraded && d.Limit.Capacity > 0 {
+		s.remaining.Observe(float64(d.Remaining) / float64(d.Limit.Capacity))
+	}
+	return d, err
+}
+
+// Peek implements sluice.Store: it calls the wrapped store and records the
+// call.
+func (s *Store) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
+	start := time.Now()
+	d, err := s.next.Peek(ctx, key, l)
+	s.record(guard.OpPeek, time.Since(start), d, err)
+	return d, err
+}
+
+func (s *Store) record(op guard.Op, took time.Duration, d sluice.Decision, err error) {
+	s.duration[op].Observe(took.Seconds())
+	res := 0 // allowed
+	switch {
+	case err != nil:
+		res = 4
+		s.errors.WithLabelValues(op.String(), s.o.kind(err)).Inc()
+	case d.Degraded && d.Allowed:
+		res = 2
+	case d.Degraded:
+		res = 3
+	case !d.Allowed:
+		res = 1
+	}
+	s.decisions[op][res].Inc()
+	if err == nil && d.Replayed {
+		s.replays.Inc()
+	}
+}

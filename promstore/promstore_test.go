@@ -1,0 +1,488 @@
+package promstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/guard"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/promstore"
+	"github.com/sluicehq/sluice/sluicetest"
+)
+
+// clock is a manual clock.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock() *clock { return &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// switchable is a memstore that fails with err while err is set.
+type switchable struct {
+	sluice.Store
+	mu  sync.Mutex
+	err error
+}
+
+func (s *switchable) set(err error) {
+	s.mu.Lock()
+	s.err = err
+	s.mu.Unlock()
+}
+
+func (s *switchable) failure() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+func (s *switchable) Take(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := s.failure(); err != nil {
+		return sluice.Decision{}, err
+	}
+	return s.Store.Take(ctx, r)
+}
+
+func (s *switchable) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
+	if err := s.failure(); err != nil {
+		return sluice.Decision{}, err
+	}
+	return s.Store.Peek(ctx, key, l)
+}
+
+func newMemstore(t *testing.T, o memstore.Options) *memstore.Store {
+	o.SweepInterval = -1
+	s := memstore.New(o)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// value returns the value of the counter or gauge name{labels} in reg, or
+// the sample count of a histogram; -1 if there is no such series.
+func value(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				got[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if got[k] != v {
+					continue metrics
+				}
+			}
+			switch mf.GetType() {
+			case dto.MetricType_COUNTER:
+				return m.GetCounter().GetValue()
+			case dto.MetricType_GAUGE:
+				return m.GetGauge().GetValue()
+			case dto.MetricType_HISTOGRAM:
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return -1
+}
+
+var limit = sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
+
+// TestConformance: the wrapper is invisible to the suite.
+func TestConformance(t *testing.T) {
+	sluicetest.Run(t, sluicetest.Suite{
+		New: func(t *testing.T, o sluicetest.StoreOptions) sluice.Store {
+			ms := newMemstore(t, memstore.Options{Now: o.Now, OnLimitChange: o.OnLimitChange, RequestIDTTL: o.RequestIDTTL})
+			s, err := promstore.New(ms, prometheus.NewRegistry(), promstore.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		TakesPerWorker: 1000,
+	})
+}
+
+// TestDecisions: every result is counted under its label, replays and
+// errors by kind too.
+func TestDecisions(t *testing.T) {
+	c := newClock()
+	ms := newMemstore(t, memstore.Options{Now: c.Now})
+	sw := &switchable{Store: ms}
+	reg := prometheus.NewRegistry()
+	g := guard.New(sw, guard.Options{Policy: guard.FailOpen, Now: c.Now, ConsecutiveFailures: -1, FailurePercent: -1})
+	s, err := promstore.New(g, reg, promstore.Options{ConstLabels: prometheus.Labels{"limiter": "open"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	take := func(r sluice.Request) {
+		t.Helper()
+		s.Take(ctx, r)
+	}
+	take(sluice.Request{Key: "a", Cost: 10, Limit: limit})                   // allowed
+	take(sluice.Request{Key: "a", Cost: 1, Limit: limit})                    // denied
+	take(sluice.Request{Key: "b", Cost: 4, Limit: limit, RequestID: "r"})    // allowed
+	take(sluice.Request{Key: "b", Cost: 4, Limit: limit, RequestID: "r"})    // allowed, replayed
+	take(sluice.Request{Key: "b", Cost: 11, Limit: limit})                   // error: invalid
+	take(sluice.Request{Key: "b", Cost: 5, Limit: limit, RequestID: "r"})    // error: conflict
+	s.Peek(ctx, "b", limit)                                                  // peek allowed
+	sw.set(errors.New("down"))                                               //
+	take(sluice.Request{Key: "c", Cost: 1, Limit: limit})                    // degraded allowed
+	s.Peek(ctx, "c", limit)                                                  // peek degraded allowed
+	canceled, cancel := context.WithCancel(ctx)                              //
+	cancel()                                                                 //
+	s.Take(canceled, sluice.Request{Key: "c", Cost: 1, Limit: limit})        // error: canceled
+	g2 := guard.New(sw, guard.Options{Policy: guard.FailClosed, Now: c.Now}) //
+	s2, err := promstore.New(g2, reg, promstore.Options{ConstLabels: prometheus.Labels{"limiter": "closed"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2.Take(ctx, sluice.Request{Key: "c", Cost: 1, Limit: limit}) // degraded denied
+
+	err = testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP sluice_decisions_total Decisions by operation (take, peek) and result (allowed, denied, degraded_allowed, degraded_denied, error).
+# TYPE sluice_decisions_total counter
+sluice_decisions_total{limiter="open",op="peek",result="allowed"} 1
+sluice_decisions_total{limiter="open",op="peek",result="degraded_allowed"} 1
+sluice_decisions_total{limiter="open",op="peek",result="degraded_denied"} 0
+sluice_decisions_total{limiter="open",op="peek",result="denied"} 0
+sluice_decisions_total{limiter="open",op="peek",result="error"} 0
+sluice_decisions_total{limiter="open",op="take",result="allowed"} 3
+sluice_decisions_total{limiter="open",op="take",result="degraded_allowed"} 1
+sluice_decisions_total{limiter="open",op="take",result="degraded_denied"} 0
+sluice_decisions_total{limiter="open",op="take",result="denied"} 1
+sluice_decisions_total{limiter="open",op="take",result="error"} 3
+sluice_decisions_total{limiter="closed",op="peek",result="allowed"} 0
+sluice_decisions_total{limiter="closed",op="peek",result="degraded_allowed"} 0
+sluice_decisions_total{limiter="closed",op="peek",result="degraded_denied"} 0
+sluice_decisions_total{limiter="closed",op="peek",result="denied"} 0
+sluice_decisions_total{limiter="closed",op="peek",result="error"} 0
+sluice_decisions_total{limiter="closed",op="take",result="allowed"} 0
+sluice_decisions_total{limiter="closed",op="take",result="degraded_allowed"} 0
+sluice_decisions_total{limiter="closed",op="take",result="degraded_denied"} 1
+sluice_decisions_total{limiter="closed",op="take",result="denied"} 0
+sluice_decisions_total{limiter="closed",op="take",result="error"} 0
+# HELP sluice_replays_total Decisions replayed for a repeated request ID; they consumed nothing.
+# TYPE sluice_replays_total counter
+sluice_replays_total{limiter="closed"} 0
+sluice_replays_total{limiter="open"} 1
+`), "sluice_decisions_total", "sluice_replays_total")
+	if err != nil {
+		t.Error(err)
+	}
+	for _, tt := range []struct {
+		kind string
+		want float64
+	}{
+		{promstore.KindInvalid, 2},
+		{promstore.KindCanceled, 1},
+		{promstore.KindTimeout, 0},
+		{promstore.KindOther, 0},
+	} {
+		if got := value(t, reg, "sluice_errors_total", map[string]string{"op": "take", "kind": tt.kind, "limiter": "open"}); got != tt.want {
+			t.Errorf("sluice_errors_total{op=take,kind=%s} = %v, want %v", tt.kind, got, tt.want)
+		}
+	}
+	if got := value(t, reg, "sluice_decision_duration_seconds", map[string]string{"op": "take", "limiter": "open"}); got != 8 {
+		t.Errorf("sluice_decision_duration_seconds{op=take} has %v samples, want 8", got)
+	}
+}
+
+// TestRemaining: remaining/capacity of store-backed takes only.
+func TestRemaining(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	sw := &switchable{Store: newMemstore(t, memstore.Options{})}
+	s, err := promstore.New(guard.New(sw, guard.Options{Policy: guard.FailOpen}), reg, promstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cost := range []int64{5, 4, 1, 1} { // remaining 5, 1, 0, denied (0)
+		s.Take(t.Context(), sluice.Request{Key: "k", Cost: cost, Limit: limit})
+	}
+	sw.set(errors.New("down"))
+	s.Take(t.Context(), sluice.Request{Key: "k", Cost: 1, Limit: limit}) // degraded: not observed
+	err = testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP sluice_remaining_ratio Tokens remaining after a take decided by the store, as a fraction of the capacity.
+# TYPE sluice_remaining_ratio histogram
+sluice_remaining_ratio_bucket{le="0"} 2
+sluice_remaining_ratio_bucket{le="0.05"} 2
+sluice_remaining_ratio_bucket{le="0.1"} 3
+sluice_remaining_ratio_bucket{le="0.25"} 3
+sluice_remaining_ratio_bucket{le="0.5"} 4
+sluice_remaining_ratio_bucket{le="0.75"} 4
+sluice_remaining_ratio_bucket{le="0.9"} 4
+sluice_remaining_ratio_bucket{le="1"} 4
+sluice_remaining_ratio_bucket{le="+Inf"} 4
+sluice_remaining_ratio_sum 0.6
+sluice_remaining_ratio_count 4
+`), "sluice_remaining_ratio")
+	if err != nil {
+		t.Error(err)
+	}
+}
+
+// TestGuardHooks follows a breaker through open, a failed probe and a
+// successful one on a manual clock.
+func TestGuardHooks(t *testing.T) {
+	c := newClock()
+	reg := prometheus.NewRegistry()
+	hooks, err := promstore.GuardHooks(reg, promstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw := &switchable{Store: newMemstore(t, memstore.Options{Now: c.Now})}
+	g := guard.New(sw, guard.Options{Policy: guard.FailClosed, ConsecutiveFailures: 2, Now: c.Now, Hooks: hooks})
+	take := func() { g.Take(t.Context(), sluice.Request{Key: "k", Cost: 1, Limit: limit}) }
+	take()
+	sw.set(fmt.Errorf("redisstore: %w", &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}))
+	take()
+	take() // opens
+	take() // breaker open
+	c.advance(guard.DefaultProbeInterval)
+	take() // probe fails
+	c.advance(guard.DefaultProbeInterval)
+	sw.set(nil)
+	take() // probe succeeds
+
+	err = testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP sluice_breaker_state 1 for the circuit breaker's current state (closed, open, half-open), 0 for the others.
+# TYPE sluice_breaker_state gauge
+sluice_breaker_state{state="closed"} 1
+sluice_breaker_state{state="half-open"} 0
+sluice_breaker_state{state="open"} 0
+# HELP sluice_breaker_transitions_total Changes of the circuit breaker's state, by the state entered.
+# TYPE sluice_breaker_transitions_total counter
+sluice_breaker_transitions_total{to="closed"} 1
+sluice_breaker_transitions_total{to="half-open"} 2
+sluice_breaker_transitions_total{to="open"} 2
+# HELP sluice_degraded_total Decisions made by the failure policy instead of the store, by policy and reason (breaker_open or the kind of store error).
+# TYPE sluice_degraded_total counter
+sluice_degraded_total{policy="closed",reason="breaker_open"} 1
+sluice_degraded_total{policy="closed",reason="unavailable"} 3
+# HELP sluice_store_errors_total Failed calls to the guarded store, by operation and kind (timeout, unavailable, server, other, invalid, refused).
+# TYPE sluice_store_errors_total counter
+sluice_store_errors_total{kind="other",op="peek"} 0
+sluice_store_errors_total{kind="other",op="take"} 0
+sluice_store_errors_total{kind="server",op="peek"} 0
+sluice_store_errors_total{kind="server",op="take"} 0
+sluice_store_errors_total{kind="timeout",op="peek"} 0
+sluice_store_errors_total{kind="timeout",op="take"} 0
+sluice_store_errors_total{kind="unavailable",op="peek"} 0
+sluice_store_errors_total{kind="unavailable",op="take"} 3
+`), "sluice_breaker_state", "sluice_breaker_transitions_total", "sluice_degraded_total", "sluice_store_errors_total")
+	if err != nil {
+		t.Error(err)
+	}
+	if got := value(t, reg, "sluice_store_duration_seconds", map[string]string{"op": "take"}); got != 5 {
+		t.Errorf("sluice_store_duration_seconds{op=take} has %v samples, want 5 (every call that reached the store)", got)
+	}
+}
+
+// redisLike is an error reply as go-redis returns it.
+type redisLike string
+
+func (e redisLike) Error() string { return string(e) }
+func (redisLike) RedisError()     {}
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+func TestKind(t *testing.T) {
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{nil, ""},
+		{fmt.Errorf("x: %w", sluice.ErrInvalidKey), promstore.KindInvalid},
+		{fmt.Errorf("x: %w", sluice.ErrInvalidLimit), promstore.KindInvalid},
+		{fmt.Errorf("x: %w", sluice.ErrRequestIDConflict), promstore.KindInvalid},
+		{fmt.Errorf("x: %w", sluice.ErrTooManyKeys), promstore.KindRefused},
+		{fmt.Errorf("%w: %w", guard.ErrBreakerOpen, io.EOF), promstore.KindBreakerOpen},
+		{fmt.Errorf("%w: %w", guard.ErrTimeout, io.EOF), promstore.KindTimeout},
+		{fmt.Errorf("redisstore: %w", context.DeadlineExceeded), promstore.KindTimeout},
+		{os.ErrDeadlineExceeded, promstore.KindTimeout},
+		{&net.OpError{Op: "read", Err: timeoutErr{}}, promstore.KindTimeout},
+		{fmt.Errorf("x: %w", context.Canceled), promstore.KindCanceled},
+		{fmt.Errorf("redisstore: %w", redisLike("OOM command not allowed")), promstore.KindServer},
+		{fmt.Errorf("redisstore: %w", &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}), promstore.KindUnavailable},
+		{fmt.Errorf("redisstore: %w", io.EOF), promstore.KindUnavailable},
+		{net.ErrClosed, promstore.KindUnavailable},
+		{syscall.ECONNRESET, promstore.KindUnavailable},
+		{errors.New("something"), promstore.KindOther},
+	}
+	for _, tt := range tests {
+		if got := promstore.Kind(tt.err); got != tt.want {
+			t.Errorf("Kind(%v) = %q, want %q", tt.err, got, tt.want)
+		}
+	}
+	// Options.Kind comes first; "" falls back to Kind.
+	errDB := errors.New("db unavailable")
+	reg := prometheus.NewRegistry()
+	s, err := promstore.New(&switchable{Store: newMemstore(t, memstore.Options{}), err: fmt.Errorf("pg: %w", errDB)}, reg, promstore.Options{
+		Kind: func(err error) string {
+			if errors.Is(err, errDB) {
+				return promstore.KindUnavailable
+			}
+			return ""
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Take(t.Context(), sluice.Request{Key: "k", Cost: 1, Limit: limit})
+	if got := value(t, reg, "sluice_errors_total", map[string]string{"op": "take", "kind": "unavailable"}); got != 1 {
+		t.Errorf("errors_total{kind=unavailable} = %v with a custom Kind, want 1", got)
+	}
+}
+
+// TestMemstore exports the counters of memstore.Stats.
+func TestMemstore(t *testing.T) {
+	c := newClock()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)}
+	refuse := newMemstore(t, memstore.Options{Now: c.Now, MaxKeys: 2, Shards: 1})
+	evict := newMemstore(t, memstore.Options{Now: c.Now, MaxKeys: 2, Shards: 1, Overflow: memstore.EvictLRU})
+	reg := prometheus.NewRegistry()
+	for name, s := range map[string]*memstore.Store{"refuse": refuse, "evict": evict} {
+		if err := promstore.RegisterMemstore(reg, promstore.Options{ConstLabels: prometheus.Labels{"store": name}}, s.Stats); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"a", "b", "c"} { // c: refused, or evicts a
+			s.Take(t.Context(), sluice.Request{Key: k, Cost: 1, Limit: l})
+		}
+	}
+	c.advance(time.Second) // every bucket full again
+	refuse.Take(t.Context(), sluice.Request{Key: "d", Cost: 1, Limit: l})
+	err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP sluice_memstore_buckets Buckets held by the in-memory store.
+# TYPE sluice_memstore_buckets gauge
+sluice_memstore_buckets{store="evict"} 2
+sluice_memstore_buckets{store="refuse"} 1
+# HELP sluice_memstore_evictions_total Buckets dropped by the in-memory store, by reason: full (reclaimed at no loss) or lru (evicted before full).
+# TYPE sluice_memstore_evictions_total counter
+sluice_memstore_evictions_total{reason="full",store="evict"} 0
+sluice_memstore_evictions_total{reason="full",store="refuse"} 2
+sluice_memstore_evictions_total{reason="lru",store="evict"} 1
+sluice_memstore_evictions_total{reason="lru",store="refuse"} 0
+# HELP sluice_memstore_refused_total Requests the in-memory store refused because it held its maximum of keys or request IDs.
+# TYPE sluice_memstore_refused_total counter
+sluice_memstore_refused_total{store="evict"} 0
+sluice_memstore_refused_total{store="refuse"} 1
+`), "sluice_memstore_buckets", "sluice_memstore_evictions_total", "sluice_memstore_refused_total")
+	if err != nil {
+		t.Error(err)
+	}
+}
+
+// TestNoKeyLabels: 5,000 distinct keys, with the store up and down, add no
+// series.
+func TestNoKeyLabels(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	hooks, err := promstore.GuardHooks(reg, promstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw := &switchable{Store: newMemstore(t, memstore.Options{})}
+	g := guard.New(sw, guard.Options{Hooks: hooks})
+	s, err := promstore.New(g, reg, promstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := promstore.RegisterMemstore(reg, promstore.Options{}, g.LocalStats); err != nil {
+		t.Fatal(err)
+	}
+	s.Take(t.Context(), sluice.Request{Key: "first", Cost: 1, Limit: limit})
+	sw.set(errors.New("down"))
+	for range 10 { // fail, open the breaker, answer with it open
+		s.Take(t.Context(), sluice.Request{Key: "first", Cost: 1, Limit: limit})
+	}
+	before, err := testutil.GatherAndCount(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5000 {
+		if i == 2500 {
+			sw.set(nil)
+		}
+		s.Take(t.Context(), sluice.Request{Key: fmt.Sprint("user-", i), Cost: 1, Limit: limit})
+		s.Peek(t.Context(), fmt.Sprint("user-", i), limit)
+	}
+	after, err := testutil.GatherAndCount(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before {
+		t.Errorf("%d series after 5,000 keys, %d before: a metric grows with the keys", after, before)
+	}
+}
+
+// TestRegistration: no global registry, no partial registration, and
+// distinct constant labels share a registry.
+func TestRegistration(t *testing.T) {
+	ms := newMemstore(t, memstore.Options{})
+	if _, err := promstore.New(ms, nil, promstore.Options{}); err == nil {
+		t.Error("New with a nil registerer succeeded, want an error")
+	}
+	if _, err := promstore.GuardHooks(nil, promstore.Options{}); err == nil {
+		t.Error("GuardHooks with a nil registerer succeeded, want an error")
+	}
+	reg := prometheus.NewRegistry()
+	if _, err := promstore.New(ms, reg, promstore.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	n, _ := testutil.GatherAndCount(reg)
+	var already prometheus.AlreadyRegisteredError
+	if _, err := promstore.New(ms, reg, promstore.Options{}); !errors.As(err, &already) {
+		t.Errorf("second New on one registry: %v, want prometheus.AlreadyRegisteredError", err)
+	}
+	if m, _ := testutil.GatherAndCount(reg); m != n {
+		t.Errorf("a failed New left %d series, want %d", m, n)
+	}
+	if _, err := promstore.New(ms, reg, promstore.Options{Namespace: "other"}); err != nil {
+		t.Errorf("New in another namespace: %v", err)
+	}
+	// Several limiters in one registry: the same constant label names,
+	// other values.
+	reg = prometheus.NewRegistry()
+	for _, name := range []string{"api", "login"} {
+		if _, err := promstore.New(ms, reg, promstore.Options{ConstLabels: prometheus.Labels{"limiter": name}}); err != nil {
+			t.Errorf("New with limiter=%q: %v", name, err)
+		}
+	}
+}
