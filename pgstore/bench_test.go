@@ -18,7 +18,7 @@ import (
 // synchronous_commit on (every decision durable at commit) and off. It
 // reports decisions/s. Run it with -benchtime=5s or more:
 //
-//	go test -run '^$' -bench BenchmarkTake -benchtime 5s ./pgstore/
+//	go test -run '^$' -bench 'BenchmarkTake$' -benchtime 5s ./pgstore/
 func BenchmarkTake(b *testing.B) {
 	for _, sync := range []string{"on", "off"} {
 		cfg := testPool.Config()
