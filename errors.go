@@ -25,3 +25,14 @@ var (
 	// and its overflow policy is to refuse new ones.
 	ErrTooManyKeys = errors.New("sluice: too many keys")
 )
+
+// IsInvalid reports whether err says the request itself was wrong: it wraps
+// ErrInvalidKey, ErrInvalidCost, ErrInvalidLimit, ErrInvalidRequestID or
+// ErrRequestIDConflict. Such an error comes from validation or from a store
+// that answered; it is never a sign that the store is unavailable, and a
+// retry of the same request fails the same way.
+func IsInvalid(err error) bool {
+	return errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidCost) ||
+		errors.Is(err, ErrInvalidLimit) || errors.Is(err, ErrInvalidRequestID) ||
+		errors.Is(err, ErrRequestIDConflict)
+}

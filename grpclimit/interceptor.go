@@ -253,22 +253,10 @@ func (in *Interceptor) decide(ctx context.Context, method string) (sluice.Decisi
 		req.RequestID = ""
 		d, err = in.store.Take(ctx, req)
 	}
-	if err != nil && !isParameterError(err) {
+	if err != nil && !sluice.IsInvalid(err) {
 		err = fmt.Errorf("%w: %w", ErrStore, err)
 	}
 	return d, req, err
-}
-
-func isParameterError(err error) bool {
-	for _, target := range []error{
-		sluice.ErrInvalidKey, sluice.ErrInvalidCost, sluice.ErrInvalidLimit,
-		sluice.ErrInvalidRequestID, sluice.ErrRequestIDConflict,
-	} {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	return false
 }
 
 // DefaultErrorHandler returns the status error for a call that could not be

@@ -429,25 +429,10 @@ func (s *Store) call(ctx context.Context, op Op, r *sluice.Request, probe bool) 
 	return d, failed, err
 }
 
-// answers are the errors with which a store answers: it is up, the call
-// was wrong or refused.
-var answers = []error{
-	sluice.ErrInvalidKey,
-	sluice.ErrInvalidCost,
-	sluice.ErrInvalidLimit,
-	sluice.ErrInvalidRequestID,
-	sluice.ErrRequestIDConflict,
-	sluice.ErrTooManyKeys,
-}
-
-// isAnswer reports whether err is a store's answer rather than a failure.
+// isAnswer reports whether err is a store's answer rather than a failure:
+// the store is up, the call was wrong or refused.
 func isAnswer(err error) bool {
-	for _, a := range answers {
-		if errors.Is(err, a) {
-			return true
-		}
-	}
-	return false
+	return sluice.IsInvalid(err) || errors.Is(err, sluice.ErrTooManyKeys)
 }
 
 // degrade decides r by the policy because of cause.

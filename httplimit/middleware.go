@@ -297,20 +297,8 @@ func take(r *http.Request, store sluice.Store, req sluice.Request) (sluice.Decis
 		req.RequestID = ""
 		d, err = store.Take(r.Context(), req)
 	}
-	if err != nil && !isParameterError(err) {
+	if err != nil && !sluice.IsInvalid(err) {
 		err = fmt.Errorf("%w: %w", ErrStore, err)
 	}
 	return d, err
-}
-
-func isParameterError(err error) bool {
-	for _, target := range []error{
-		sluice.ErrInvalidKey, sluice.ErrInvalidCost, sluice.ErrInvalidLimit,
-		sluice.ErrInvalidRequestID, sluice.ErrRequestIDConflict,
-	} {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	return false
 }

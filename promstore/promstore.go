@@ -141,9 +141,7 @@ func Kind(err error) string {
 	switch {
 	case err == nil:
 		return ""
-	case errors.Is(err, sluice.ErrInvalidKey), errors.Is(err, sluice.ErrInvalidCost),
-		errors.Is(err, sluice.ErrInvalidLimit), errors.Is(err, sluice.ErrInvalidRequestID),
-		errors.Is(err, sluice.ErrRequestIDConflict):
+	case sluice.IsInvalid(err):
 		return KindInvalid
 	case errors.Is(err, sluice.ErrTooManyKeys):
 		return KindRefused
