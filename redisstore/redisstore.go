@@ -32,6 +32,7 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -117,6 +118,21 @@ type Store struct {
 	minTTL int64 // milliseconds
 	now    func() time.Time
 	sha    string
+
+	scriptLoads atomic.Uint64
+}
+
+// Stats are a Store's counters since New.
+type Stats struct {
+	// ScriptLoads is the number of times a server did not have the script
+	// cached (its first use, a restart, a failover, SCRIPT FLUSH) and the
+	// store sent it in full with EVAL.
+	ScriptLoads uint64
+}
+
+// Stats returns the store's counters. It is safe to call concurrently.
+func (s *Store) Stats() Stats {
+	return Stats{ScriptLoads: s.scriptLoads.Load()}
 }
 
 var _ sluice.Store = (*Store)(nil)
@@ -295,24 +311,58 @@ func (s *Store) run(ctx context.Context, keys []string, op string, now any, pl p
 	cmd := decisionCmd{redis.NewCmd(ctx, args...)}
 	err := s.client.Process(ctx, cmd)
 	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+		s.scriptLoads.Add(1)
 		args[0], args[1] = "eval", script
 		cmd = decisionCmd{redis.NewCmd(ctx, args...)}
 		err = s.client.Process(ctx, cmd)
 	}
 	if err != nil {
+		if isScriptError(err) {
+			return nil, &ScriptError{err: err}
+		}
 		return nil, fmt.Errorf("redisstore: %w", err)
 	}
 	reply, err := cmd.StringSlice()
 	if err != nil {
-		return nil, fmt.Errorf("redisstore: script reply: %w", err)
+		return nil, &ScriptError{err: fmt.Errorf("reply: %w", err)}
 	}
 	return reply, nil
+}
+
+// ScriptError is an error raised by the decision script, or a reply of it
+// the store could not read: the script ran (or was refused by its own
+// argument checks) and wrote nothing it should not have, but no decision
+// came of it. A foreign value at a bucket's key (WRONGTYPE) is one cause.
+// Its ScriptError method lets metrics classify it without importing this
+// package.
+type ScriptError struct{ err error }
+
+func (e *ScriptError) Error() string { return "redisstore: script: " + e.err.Error() }
+
+// Unwrap returns the underlying error (a go-redis error reply, or a reply
+// parse error).
+func (e *ScriptError) Unwrap() error { return e.err }
+
+// ScriptError marks the error as the script's.
+func (*ScriptError) ScriptError() {}
+
+// isScriptError reports whether err is an error reply raised inside the
+// script: by its own argument checks ("ERR sluice: ...") or by Redis while
+// running it (Redis 7 ends those with "script: <sha>, on @user_script:<line>.";
+// Redis 6 writes "@user_script:<line>:" in them).
+func isScriptError(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	msg := re.Error()
+	return strings.HasPrefix(msg, "ERR sluice:") || strings.Contains(msg, "user_script")
 }
 
 // decision reads an "ok" or "replay" reply of the script.
 func decision(reply []string, l sluice.Limit) (sluice.Decision, error) {
 	bad := func() (sluice.Decision, error) {
-		return sluice.Decision{}, fmt.Errorf("redisstore: script reply %q is not a decision", reply)
+		return sluice.Decision{}, &ScriptError{err: fmt.Errorf("reply %q is not a decision", reply)}
 	}
 	if len(reply) != 5 || (reply[0] != "ok" && reply[0] != "replay") || (reply[1] != "0" && reply[1] != "1") {
 		return bad()

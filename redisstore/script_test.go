@@ -337,6 +337,10 @@ func TestScriptRejectsForeignValues(t *testing.T) {
 			if errors.Is(err, sluice.ErrInvalidLimit) || errors.Is(err, sluice.ErrRequestIDConflict) {
 				t.Errorf("Take error %v wraps a parameter sentinel; want a store error", err)
 			}
+			var se *ScriptError
+			if !errors.As(err, &se) {
+				t.Errorf("Take error %v (%T) is not a *ScriptError", err, err)
+			}
 			after, _ := tt.check()
 			if after != before {
 				t.Errorf("%s changed from %q to %q", tt.key, before, after)

@@ -306,6 +306,12 @@ func TestScriptFlushDuringLoad(t *testing.T) {
 			if flushes.Load() < 10 {
 				t.Fatalf("only %d SCRIPT FLUSHes ran", flushes.Load())
 			}
+			// Each flush made at most one EVAL per node necessary for
+			// every caller that saw NOSCRIPT; at least one reload follows
+			// the flushes that happened while decisions ran.
+			if n := s.Stats().ScriptLoads; n == 0 || n > uint64(decided.Load()) {
+				t.Errorf("Stats().ScriptLoads = %d after %d flushes and %d decisions; want between 1 and the decisions", n, flushes.Load(), decided.Load())
+			}
 			// Every decision was allowed and counted once: the 50 keys hold
 			// capacity minus their share.
 			var left int64
@@ -616,6 +622,26 @@ func TestExplicitTimeRange(t *testing.T) {
 		}
 		if d, err := s.Take(context.Background(), sluice.Request{Key: "k", Cost: 1, Limit: l}); err == nil || !strings.Contains(err.Error(), "outside the store's range") {
 			t.Errorf("Take at %v = %+v, %v; want a range error", at, d, err)
+		}
+	}
+}
+
+// TestStatsScriptLoads: after SCRIPT FLUSH the first decision sends the
+// script in full, once; the next one runs it by digest.
+func TestStatsScriptLoads(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := t.Context()
+	s := newStore(t, c, Options{})
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []uint64{1, 1} {
+		if _, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l}); err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Stats().ScriptLoads; got != want {
+			t.Fatalf("after take %d: Stats().ScriptLoads = %d, want %d", i+1, got, want)
 		}
 	}
 }
