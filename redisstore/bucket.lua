@@ -56,8 +56,7 @@ end
 -- leading zero, at most 16 digits) in [lo, hi], hi < 2^53. This refuses
 -- "nan", "inf", "1e309", "0x10", "-0", " 12 ", "" and 9007199254740993.
 local function int(what, s, lo, hi)
-  if type(s) ~= 'string' or #s == 0 or #s > 16 or string.find(s, '[^0-9]')
-      or (#s > 1 and string.byte(s, 1) == 48) then
+  if type(s) ~= 'string' or #s > 16 or not (s == '0' or string.find(s, '^[1-9]%d*$')) then
     fail(what .. ' ' .. show(s) .. ' is not a decimal integer')
   end
   local x = tonumber(s) -- exact below 2^53; at or above it, rounds to >= 2^53
@@ -232,9 +231,27 @@ end
 
 -- The bucket, brought up to date: a missing one is full, stamped now; time
 -- never runs backwards inside a bucket.
+-- The stored value starts with the limit's text; when it is the request's
+-- limit, whose arguments were checked above, only the level and stamp are
+-- parsed.
+local limit = ARGV[3] .. ' ' .. ARGV[4] .. ' ' .. ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. ARGV[7]
 local tokens, frac, stamp = C, 0, now
 local stored = redis.call('GET', KEYS[1])
-if stored then
+local same = stored and string.sub(stored, 1, #limit + 1) == limit .. ' '
+if same then
+  local t0, f0, s0 = string.match(stored, '^(%d+) (%d+) (%d+)$', #limit + 2)
+  if not t0 then
+    fail('bucket key holds a value sluice did not write')
+  end
+  t0 = int('stored tokens', t0, 0, C)
+  f0 = int('stored fraction', f0, 0, p1 - 1)
+  s0 = int('stored stamp', s0, 0, TWO53 - 1)
+  if t0 == C and f0 ~= 0 then
+    fail('bucket key holds a state sluice did not write')
+  end
+  stamp = math.max(now, s0)
+  tokens, frac = refill(t0, f0, s0, C, n1, p1, stamp)
+elseif stored then
   local f = {string.match(stored,
     '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')}
   if #f ~= 8 then
@@ -298,8 +315,8 @@ end
 -- The writes, with arguments known to be valid. The bucket expires 1 ms
 -- after it is full again (rounded up to ms; the extra ms covers a server
 -- whose expiry clock was read before TIME), and never if it never refills.
-local value = table.concat({ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7],
-  str(tokens), str(frac), str(stamp)}, ' ')
+-- A denial writes too: its stamp must hold if the clock later steps back.
+local value = limit .. ' ' .. str(tokens) .. ' ' .. str(frac) .. ' ' .. str(stamp)
 if reset == nil then
   redis.call('SET', KEYS[1], value)
 else

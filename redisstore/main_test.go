@@ -21,6 +21,10 @@ type client interface {
 	redis.Cmdable
 }
 
+// batchModes are the Options.Batch values the topology tests run with:
+// one round trip per decision, and pipelines of up to 64.
+var batchModes = []int{0, 64}
+
 // topologies returns the clients the topology-independent tests run on: the
 // standalone server, and the private cluster unless -short.
 func topologies(t *testing.T) map[string]client {

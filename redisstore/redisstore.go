@@ -104,6 +104,18 @@ type Options struct {
 	// where the explicit clock says it is still refilling. Negative is an
 	// error.
 	MinTTL time.Duration
+	// Batch, above 1, sends the decisions that callers of this Store make
+	// at the same time together: in go-redis pipelines of at most Batch
+	// scripts, one pipeline in flight at a time. A lone caller still pays
+	// one round trip; 64 concurrent callers share a few, and Redis spends
+	// less time reading and writing sockets per decision. The client must
+	// then also be a Pipeliner. Default 0 (and 1): each decision is its own
+	// round trip. Each script is still marked not retryable, so a lost
+	// pipeline reply fails its decisions once and charges none twice. The
+	// pipelines run under no caller's context (each caller still stops
+	// waiting when its context ends); the client's read and write timeouts
+	// bound them. Negative is an error.
+	Batch int
 }
 
 // Store is a sluice.Store in Redis. It is safe for concurrent use and holds
@@ -118,6 +130,7 @@ type Store struct {
 	minTTL int64 // milliseconds
 	now    func() time.Time
 	sha    string
+	batch  *batcher // nil: one round trip per decision
 
 	scriptLoads atomic.Uint64
 }
@@ -128,11 +141,18 @@ type Stats struct {
 	// cached (its first use, a restart, a failover, SCRIPT FLUSH) and the
 	// store sent it in full with EVAL.
 	ScriptLoads uint64
+	// Pipelines is the number of pipelines sent with Options.Batch above 1,
+	// each carrying one or more decisions; 0 without batching.
+	Pipelines uint64
 }
 
 // Stats returns the store's counters. It is safe to call concurrently.
 func (s *Store) Stats() Stats {
-	return Stats{ScriptLoads: s.scriptLoads.Load()}
+	st := Stats{ScriptLoads: s.scriptLoads.Load()}
+	if s.batch != nil {
+		st.Pipelines = s.batch.pipelines.Load()
+	}
+	return st
 }
 
 var _ sluice.Store = (*Store)(nil)
@@ -164,8 +184,20 @@ func New(client Client, o Options) (*Store, error) {
 	if o.MinTTL < 0 {
 		return nil, fmt.Errorf("redisstore: minimum TTL %v is negative", o.MinTTL)
 	}
+	var b *batcher
+	switch {
+	case o.Batch < 0:
+		return nil, fmt.Errorf("redisstore: batch size %d is negative", o.Batch)
+	case o.Batch > 1:
+		p, ok := client.(Pipeliner)
+		if !ok {
+			return nil, fmt.Errorf("redisstore: batch size %d needs a client with go-redis pipelines (a Pipeliner); %T is not one", o.Batch, client)
+		}
+		b = &batcher{client: p, max: o.Batch}
+	}
 	sum := sha1.Sum([]byte(script))
 	return &Store{
+		batch:  b,
 		client: client,
 		prefix: o.Prefix,
 		policy: o.OnLimitChange,
@@ -309,12 +341,12 @@ func (s *Store) run(ctx context.Context, keys []string, op string, now any, pl p
 	}
 	args = append(args, op, now, pl.c, pl.n, pl.p, pl.n1, pl.p1, cost, int64(s.policy), s.minTTL, idTTL)
 	cmd := decisionCmd{redis.NewCmd(ctx, args...)}
-	err := s.client.Process(ctx, cmd)
+	err := s.process(ctx, cmd)
 	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
 		s.scriptLoads.Add(1)
 		args[0], args[1] = "eval", script
 		cmd = decisionCmd{redis.NewCmd(ctx, args...)}
-		err = s.client.Process(ctx, cmd)
+		err = s.process(ctx, cmd)
 	}
 	if err != nil {
 		if isScriptError(err) {
@@ -357,6 +389,14 @@ func isScriptError(err error) bool {
 	}
 	msg := re.Error()
 	return strings.HasPrefix(msg, "ERR sluice:") || strings.Contains(msg, "user_script")
+}
+
+// process sends cmd on its own, or in the next pipeline when batching.
+func (s *Store) process(ctx context.Context, cmd decisionCmd) error {
+	if s.batch != nil {
+		return s.batch.process(ctx, cmd)
+	}
+	return s.client.Process(ctx, cmd)
 }
 
 // decision reads an "ok" or "replay" reply of the script.

@@ -26,48 +26,55 @@ func TestConcurrentOneKeyRedisTime(t *testing.T) {
 	const workers, takes = 64, 1000
 	l := sluice.Limit{Capacity: 1000, Rate: sluice.Per(1, time.Hour)}
 	for name, c := range topologies(t) {
-		t.Run(name, func(t *testing.T) {
-			s := newStore(t, c, Options{})
-			ctx := t.Context()
-			var (
-				wg      sync.WaitGroup
-				allowed atomic.Int64
-				failed  atomic.Int64
-				seen    [1000]atomic.Int32
-				firstMu sync.Mutex
-				first   error
-			)
-			for range workers {
-				wg.Go(func() {
-					for range takes {
-						d, err := s.Take(ctx, sluice.Request{Key: "hot", Cost: 1, Limit: l})
-						if err != nil {
-							failed.Add(1)
-							firstMu.Lock()
-							first = cmp.Or(first, err)
-							firstMu.Unlock()
-							continue
+		for _, batch := range batchModes {
+			t.Run(fmt.Sprintf("%s/batch=%d", name, batch), func(t *testing.T) {
+				s := newStore(t, c, Options{Batch: batch})
+				ctx := t.Context()
+				var (
+					wg      sync.WaitGroup
+					allowed atomic.Int64
+					failed  atomic.Int64
+					seen    [1000]atomic.Int32
+					firstMu sync.Mutex
+					first   error
+				)
+				for range workers {
+					wg.Go(func() {
+						for range takes {
+							d, err := s.Take(ctx, sluice.Request{Key: "hot", Cost: 1, Limit: l})
+							if err != nil {
+								failed.Add(1)
+								firstMu.Lock()
+								first = cmp.Or(first, err)
+								firstMu.Unlock()
+								continue
+							}
+							if d.Allowed {
+								allowed.Add(1)
+								seen[d.Remaining].Add(1)
+							}
 						}
-						if d.Allowed {
-							allowed.Add(1)
-							seen[d.Remaining].Add(1)
-						}
-					}
-				})
-			}
-			wg.Wait()
-			if n := failed.Load(); n > 0 {
-				t.Fatalf("%d of %d takes failed, first: %v", n, workers*takes, first)
-			}
-			if got := allowed.Load(); got != l.Capacity {
-				t.Fatalf("%d×%d concurrent Take(1) of capacity %d allowed %d, want %d", workers, takes, l.Capacity, got, l.Capacity)
-			}
-			for rem := range seen {
-				if n := seen[rem].Load(); n != 1 {
-					t.Fatalf("Remaining %d was seen by %d allowed takes, want 1", rem, n)
+					})
 				}
-			}
-		})
+				wg.Wait()
+				if n := failed.Load(); n > 0 {
+					t.Fatalf("%d of %d takes failed, first: %v", n, workers*takes, first)
+				}
+				if got := allowed.Load(); got != l.Capacity {
+					t.Fatalf("%d×%d concurrent Take(1) of capacity %d allowed %d, want %d", workers, takes, l.Capacity, got, l.Capacity)
+				}
+				for rem := range seen {
+					if n := seen[rem].Load(); n != 1 {
+						t.Fatalf("Remaining %d was seen by %d allowed takes, want 1", rem, n)
+					}
+				}
+				// Batching shares round trips: 64 callers should fill
+				// pipelines far beyond one decision each.
+				if p := s.Stats().Pipelines; batch > 1 && (p == 0 || p > workers*takes/4) {
+					t.Errorf("%d decisions went in %d pipelines; want between 1 and a quarter of them", workers*takes, p)
+				}
+			})
+		}
 	}
 }
 
@@ -256,77 +263,79 @@ func TestTTLs(t *testing.T) {
 func TestScriptFlushDuringLoad(t *testing.T) {
 	const workers, runFor = 16, 1500 * time.Millisecond
 	for name, c := range topologies(t) {
-		t.Run(name, func(t *testing.T) {
-			ctx := t.Context()
-			s := newStore(t, c, Options{})
-			l := sluice.Limit{Capacity: 1_000_000, Rate: sluice.Per(1, time.Hour)}
-			stop := make(chan struct{})
-			var flushes, failed, decided atomic.Int64
-			var firstErr atomic.Value
-			var flusher sync.WaitGroup
-			flusher.Go(func() {
-				tick := time.NewTicker(100 * time.Millisecond)
-				defer tick.Stop()
-				for {
-					select {
-					case <-stop:
-						return
-					case <-tick.C:
-						err := forEachNode(ctx, c, func(ctx context.Context, n redis.Cmdable) error { return n.ScriptFlush(ctx).Err() })
-						if err != nil {
-							firstErr.CompareAndSwap(nil, fmt.Errorf("SCRIPT FLUSH: %w", err))
+		for _, batch := range batchModes {
+			t.Run(fmt.Sprintf("%s/batch=%d", name, batch), func(t *testing.T) {
+				ctx := t.Context()
+				s := newStore(t, c, Options{Batch: batch})
+				l := sluice.Limit{Capacity: 1_000_000, Rate: sluice.Per(1, time.Hour)}
+				stop := make(chan struct{})
+				var flushes, failed, decided atomic.Int64
+				var firstErr atomic.Value
+				var flusher sync.WaitGroup
+				flusher.Go(func() {
+					tick := time.NewTicker(100 * time.Millisecond)
+					defer tick.Stop()
+					for {
+						select {
+						case <-stop:
+							return
+						case <-tick.C:
+							err := forEachNode(ctx, c, func(ctx context.Context, n redis.Cmdable) error { return n.ScriptFlush(ctx).Err() })
+							if err != nil {
+								firstErr.CompareAndSwap(nil, fmt.Errorf("SCRIPT FLUSH: %w", err))
+							}
+							flushes.Add(1)
 						}
-						flushes.Add(1)
-					}
-				}
-			})
-			var wg sync.WaitGroup
-			deadline := time.Now().Add(runFor)
-			for w := range workers {
-				wg.Go(func() {
-					for i := 0; time.Now().Before(deadline); i++ {
-						_, err := s.Take(ctx, sluice.Request{Key: fmt.Sprint("k", (w*7+i)%50), Cost: 1, Limit: l})
-						if err != nil {
-							failed.Add(1)
-							firstErr.CompareAndSwap(nil, err)
-						}
-						decided.Add(1)
 					}
 				})
-			}
-			wg.Wait()
-			close(stop)
-			flusher.Wait()
-			if n := failed.Load(); n > 0 {
-				t.Fatalf("%d of %d decisions failed during %d SCRIPT FLUSHes, first: %v", n, decided.Load(), flushes.Load(), firstErr.Load())
-			}
-			if err, _ := firstErr.Load().(error); err != nil {
-				t.Fatal(err)
-			}
-			if flushes.Load() < 10 {
-				t.Fatalf("only %d SCRIPT FLUSHes ran", flushes.Load())
-			}
-			// Each flush made at most one EVAL per node necessary for
-			// every caller that saw NOSCRIPT; at least one reload follows
-			// the flushes that happened while decisions ran.
-			if n := s.Stats().ScriptLoads; n == 0 || n > uint64(decided.Load()) {
-				t.Errorf("Stats().ScriptLoads = %d after %d flushes and %d decisions; want between 1 and the decisions", n, flushes.Load(), decided.Load())
-			}
-			// Every decision was allowed and counted once: the 50 keys hold
-			// capacity minus their share.
-			var left int64
-			for k := range 50 {
-				d, err := s.Peek(ctx, fmt.Sprint("k", k), l)
-				if err != nil {
+				var wg sync.WaitGroup
+				deadline := time.Now().Add(runFor)
+				for w := range workers {
+					wg.Go(func() {
+						for i := 0; time.Now().Before(deadline); i++ {
+							_, err := s.Take(ctx, sluice.Request{Key: fmt.Sprint("k", (w*7+i)%50), Cost: 1, Limit: l})
+							if err != nil {
+								failed.Add(1)
+								firstErr.CompareAndSwap(nil, err)
+							}
+							decided.Add(1)
+						}
+					})
+				}
+				wg.Wait()
+				close(stop)
+				flusher.Wait()
+				if n := failed.Load(); n > 0 {
+					t.Fatalf("%d of %d decisions failed during %d SCRIPT FLUSHes, first: %v", n, decided.Load(), flushes.Load(), firstErr.Load())
+				}
+				if err, _ := firstErr.Load().(error); err != nil {
 					t.Fatal(err)
 				}
-				left += l.Capacity - d.Remaining
-			}
-			if left != decided.Load() {
-				t.Fatalf("the buckets lost %d tokens in all, want %d (one per decision)", left, decided.Load())
-			}
-			t.Logf("%d decisions, %d SCRIPT FLUSHes, 0 failed", decided.Load(), flushes.Load())
-		})
+				if flushes.Load() < 10 {
+					t.Fatalf("only %d SCRIPT FLUSHes ran", flushes.Load())
+				}
+				// Each flush made at most one EVAL per node necessary for
+				// every caller that saw NOSCRIPT; at least one reload follows
+				// the flushes that happened while decisions ran.
+				if n := s.Stats().ScriptLoads; n == 0 || n > uint64(decided.Load()) {
+					t.Errorf("Stats().ScriptLoads = %d after %d flushes and %d decisions; want between 1 and the decisions", n, flushes.Load(), decided.Load())
+				}
+				// Every decision was allowed and counted once: the 50 keys hold
+				// capacity minus their share.
+				var left int64
+				for k := range 50 {
+					d, err := s.Peek(ctx, fmt.Sprint("k", k), l)
+					if err != nil {
+						t.Fatal(err)
+					}
+					left += l.Capacity - d.Remaining
+				}
+				if left != decided.Load() {
+					t.Fatalf("the buckets lost %d tokens in all, want %d (one per decision)", left, decided.Load())
+				}
+				t.Logf("%d decisions, %d SCRIPT FLUSHes, 0 failed", decided.Load(), flushes.Load())
+			})
+		}
 	}
 }
 
@@ -344,32 +353,37 @@ func TestNoRetryAfterLostReply(t *testing.T) {
 	viaProxy := redis.NewClient(o)
 	t.Cleanup(func() { viaProxy.Close() })
 
-	prefix := newPrefix(t, direct)
-	s, err := New(viaProxy, Options{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
 	l := sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
-	// Load the script while replies still get through.
-	if _, err := s.Take(ctx, sluice.Request{Key: "warm", Cost: 1, Limit: l}); err != nil {
-		t.Fatal(err)
-	}
+	var s *Store
+	for _, batch := range batchModes {
+		prefix := newPrefix(t, direct)
+		var err error
+		s, err = New(viaProxy, Options{Prefix: prefix, Batch: batch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Load the script while replies still get through.
+		p.dropScriptReplies.Store(false)
+		if _, err := s.Take(ctx, sluice.Request{Key: "warm", Cost: 1, Limit: l}); err != nil {
+			t.Fatal(err)
+		}
 
-	p.dropScriptReplies.Store(true)
-	p.scripts.Store(0)
-	d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
-	if err == nil {
-		t.Fatalf("Take through a proxy that drops the reply = %+v, nil; want an error", d)
-	}
-	if n := p.scripts.Load(); n != 1 {
-		t.Errorf("the store sent the script %d times, want 1", n)
-	}
-	s2, err := New(direct, Options{Prefix: prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d, err := s2.Peek(ctx, "k", l); err != nil || d.Remaining != 9 {
-		t.Errorf("Peek after the lost reply = %+v, %v; want 9 remaining (charged once)", d, err)
+		p.dropScriptReplies.Store(true)
+		p.scripts.Store(0)
+		d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
+		if err == nil {
+			t.Fatalf("batch %d: Take through a proxy that drops the reply = %+v, nil; want an error", batch, d)
+		}
+		if n := p.scripts.Load(); n != 1 {
+			t.Errorf("batch %d: the store sent the script %d times, want 1", batch, n)
+		}
+		s2, err := New(direct, Options{Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, err := s2.Peek(ctx, "k", l); err != nil || d.Remaining != 9 {
+			t.Errorf("batch %d: Peek after the lost reply = %+v, %v; want 9 remaining (charged once)", batch, d, err)
+		}
 	}
 
 	// The control: an ordinary command is retried by go-redis.
@@ -588,6 +602,7 @@ func TestNewOptions(t *testing.T) {
 		{"unknown policy", Options{OnLimitChange: 7}, "unknown"},
 		{"negative request-ID TTL", Options{RequestIDTTL: -1}, "negative"},
 		{"negative minimum TTL", Options{MinTTL: -time.Second}, "negative"},
+		{"negative batch", Options{Batch: -1}, "batch size -1 is negative"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -605,6 +620,13 @@ func TestNewOptions(t *testing.T) {
 				t.Fatalf("New(%+v) = %v, %v; want an error saying %q", tt.o, s, err, tt.want)
 			}
 		})
+	}
+	// Batching needs pipelines: a client with only Process cannot batch.
+	if s, err := New(processOnly{c}, Options{Batch: 2}); err == nil || !strings.Contains(err.Error(), "needs a client with go-redis pipelines") {
+		t.Errorf("New(a client without Pipeline, Batch 2) = %v, %v; want an error", s, err)
+	}
+	if _, err := New(processOnly{c}, Options{Batch: 1}); err != nil {
+		t.Errorf("New(a client without Pipeline, Batch 1) = %v; want a store (1 is no batching)", err)
 	}
 	if _, err := New(nil, Options{}); err == nil {
 		t.Error("New(nil, ...) succeeded")
@@ -645,3 +667,48 @@ func TestStatsScriptLoads(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchWithdrawsQueued: with batching, a decision still queued behind a
+// pipeline in flight when its context ends is withdrawn unsent (its bucket
+// is never charged), and the decisions in flight complete.
+func TestBatchWithdrawsQueued(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := t.Context()
+	s := newStore(t, c, Options{Batch: 64})
+	l := sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
+	// Keep Redis busy for 500ms with a script that loops on TIME.
+	const busy = `local t0 = redis.call('TIME') local t = t0
+while (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) < 500000 do t = redis.call('TIME') end
+return 1`
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := c.Eval(ctx, busy, nil).Err(); err != nil {
+			t.Errorf("busy script: %v", err)
+		}
+	})
+	time.Sleep(50 * time.Millisecond)
+	var first sluice.Decision
+	var firstErr error
+	wg.Go(func() { first, firstErr = s.Take(ctx, sluice.Request{Key: "a", Cost: 1, Limit: l}) })
+	time.Sleep(100 * time.Millisecond) // "a" is in flight, waiting for Redis
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if d, err := s.Take(short, sluice.Request{Key: "b", Cost: 1, Limit: l}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("queued Take past its deadline = %+v, %v; want context.DeadlineExceeded", d, err)
+	}
+	wg.Wait()
+	if firstErr != nil || !first.Allowed || first.Remaining != 9 {
+		t.Fatalf("the Take in flight = %+v, %v; want allowed with 9 remaining", first, firstErr)
+	}
+	if n, err := c.Exists(ctx, s.bucketKey("b")).Result(); err != nil || n != 0 {
+		t.Fatalf("EXISTS of the withdrawn take's bucket = %d, %v; want 0 (never sent)", n, err)
+	}
+	if p := s.Stats().Pipelines; p != 1 {
+		t.Fatalf("Stats().Pipelines = %d, want 1 (the withdrawn take was never sent)", p)
+	}
+}
+
+// processOnly is a Client that is not a Pipeliner.
+type processOnly struct{ c *redis.Client }
+
+func (p processOnly) Process(ctx context.Context, cmd redis.Cmder) error { return p.c.Process(ctx, cmd) }

@@ -1,0 +1,122 @@
+package redisstore
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Pipeliner is what a Store with Options.Batch above 1 needs of its client
+// besides Client: go-redis pipelines. *redis.Client, *redis.ClusterClient,
+// *redis.Ring and every redis.UniversalClient satisfy it.
+type Pipeliner interface {
+	Client
+	Pipeline() redis.Pipeliner
+}
+
+// batcher sends the commands of concurrent callers together, in pipelines
+// of at most max commands, with one pipeline in flight at a time (group
+// commit): the caller that finds no pipeline in flight sends what is queued
+// at once, without waiting for more; while it waits for the replies, later
+// callers queue up for the next pipeline, which a goroutine of the batcher
+// sends. A lone caller pays one round trip, as without batching; many
+// callers share round trips, and Redis reads, runs and answers them back to
+// back.
+//
+// Every command of a pipeline is a decisionCmd, which go-redis does not
+// retry: a pipeline whose reply is lost fails all its commands once.
+type batcher struct {
+	client Pipeliner
+	max    int
+
+	mu      sync.Mutex
+	queue   []*pending
+	running bool // a pipeline is being sent or a sender is about to send one
+
+	pipelines atomic.Uint64 // pipelines sent
+}
+
+// pending is one caller's command in the queue; done is closed when its
+// reply (or error) is in cmd.
+type pending struct {
+	cmd  decisionCmd
+	done chan struct{}
+}
+
+// process sends cmd in the next pipeline and waits for its reply, or for
+// ctx to end. A command still queued when ctx ends is withdrawn, unsent; one
+// already sent is left to finish, and its outcome is unknown to the caller,
+// as for an unbatched command whose reply it stopped waiting for.
+func (b *batcher) process(ctx context.Context, cmd decisionCmd) error {
+	p := &pending{cmd: cmd, done: make(chan struct{})}
+	b.mu.Lock()
+	b.queue = append(b.queue, p)
+	lead := !b.running
+	b.running = true
+	b.mu.Unlock()
+	if lead {
+		if b.sendNext() {
+			go b.drain()
+		}
+	}
+	select {
+	case <-p.done:
+		return cmd.Err()
+	case <-ctx.Done():
+	}
+	select {
+	case <-p.done: // the reply came too
+		return cmd.Err()
+	default:
+	}
+	b.mu.Lock()
+	if i := slices.Index(b.queue, p); i >= 0 {
+		b.queue = slices.Delete(b.queue, i, i+1)
+	}
+	b.mu.Unlock()
+	return ctx.Err()
+}
+
+// drain sends pipelines until the queue is empty.
+func (b *batcher) drain() {
+	for b.sendNext() {
+	}
+}
+
+// sendNext sends the first max queued commands in one pipeline and
+// reports whether more are queued; if none are, it clears b.running.
+func (b *batcher) sendNext() (more bool) {
+	b.mu.Lock()
+	n := min(len(b.queue), b.max)
+	batch := slices.Clone(b.queue[:n])
+	b.queue = slices.Delete(b.queue, 0, n)
+	b.mu.Unlock()
+
+	if len(batch) > 0 {
+		// The commands belong to several callers, so no one caller's
+		// context may cancel the pipeline: each caller stops waiting at
+		// its own deadline, and the client's read and write timeouts bound
+		// the pipeline.
+		ctx := context.Background()
+		pipe := b.client.Pipeline()
+		for _, p := range batch {
+			_ = pipe.Process(ctx, p.cmd)
+		}
+		_, _ = pipe.Exec(ctx) // each command holds its own error
+		b.pipelines.Add(1)
+		for _, p := range batch {
+			close(p.done)
+		}
+	}
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queue) == 0 {
+		b.running = false
+		return false
+	}
+	return true
+}
