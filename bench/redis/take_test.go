@@ -105,20 +105,17 @@ var limiters = []limiter{
 	}},
 	{"sluice", func(tb testing.TB, callers int) (decider, func()) {
 		c := newClient(callers)
-		return sluiceDecider(tb, c), func() { c.Close() }
+		return sluiceDecider(tb, c, 0), func() { c.Close() }
 	}},
-	{"sluice-autopipeline", func(tb testing.TB, callers int) (decider, func()) {
+	{"sluice-batch", func(tb testing.TB, callers int) (decider, func()) {
 		c := newClient(callers)
-		ap, err := c.AutoPipeline()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		return sluiceDecider(tb, ap), func() { ap.Close(); c.Close() }
+		return sluiceDecider(tb, c, 64), func() { c.Close() }
 	}},
 }
 
-func sluiceDecider(tb testing.TB, c redisstore.Client) decider {
-	s, err := redisstore.New(c, redisstore.Options{Prefix: "sluice-bench:"})
+// sluiceDecider returns a redisstore decider on c with Options.Batch batch.
+func sluiceDecider(tb testing.TB, c redisstore.Client, batch int) decider {
+	s, err := redisstore.New(c, redisstore.Options{Prefix: "sluice-bench:", Batch: batch})
 	if err != nil {
 		tb.Fatal(err)
 	}
