@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,7 @@ type batcher struct {
 	running bool // a pipeline is being sent or a sender is about to send one
 
 	pipelines atomic.Uint64 // pipelines sent
+	shared    atomic.Uint64 // takes sent in the script call of another
 }
 
 // pending is one caller's command in the queue; done is closed when its
@@ -101,12 +103,17 @@ func (b *batcher) sendNext() (more bool) {
 		// its own deadline, and the client's read and write timeouts bound
 		// the pipeline.
 		ctx := context.Background()
+		groups := group(batch)
+		b.shared.Add(uint64(len(batch) - len(groups)))
 		pipe := b.client.Pipeline()
-		for _, p := range batch {
-			_ = pipe.Process(ctx, p.cmd)
+		for _, g := range groups {
+			_ = pipe.Process(ctx, g.cmd)
 		}
 		_, _ = pipe.Exec(ctx) // each command holds its own error
 		b.pipelines.Add(1)
+		for _, g := range groups {
+			g.settle()
+		}
 		for _, p := range batch {
 			close(p.done)
 		}
@@ -119,4 +126,68 @@ func (b *batcher) sendNext() (more bool) {
 		return false
 	}
 	return true
+}
+
+// A shared is one script call of a pipeline: one caller's command, or the
+// takes of several callers on one bucket under one limit, sent as one call
+// with several costs (see bucket.lua): the bucket is read, checked and
+// written once for all of them.
+type shared struct {
+	cmd     decisionCmd
+	members []*pending
+}
+
+// group makes the script calls for batch, in queue order: takes that
+// differ only in their cost share a call, in the order they were queued.
+func group(batch []*pending) []*shared {
+	var (
+		out  []*shared
+		byID map[string]*shared
+	)
+	for _, p := range batch {
+		id, ok := shareID(p.cmd.Args())
+		if ok {
+			if g := byID[id]; g != nil {
+				g.members = append(g.members, p)
+				continue
+			}
+		}
+		g := &shared{cmd: p.cmd, members: []*pending{p}}
+		if ok {
+			if byID == nil {
+				byID = make(map[string]*shared)
+			}
+			byID[id] = g
+		}
+		out = append(out, g)
+	}
+	for _, g := range out {
+		if len(g.members) > 1 {
+			args := slices.Clone(g.cmd.Args())
+			for _, p := range g.members[1:] {
+				args = append(args, p.cmd.Args()[argCost])
+			}
+			g.cmd = decisionCmd{redis.NewCmd(context.Background(), args...)}
+		}
+	}
+	return out
+}
+
+// settle gives each member of a shared call its decision: its five values
+// of the reply, or the call's error.
+func (g *shared) settle() {
+	if len(g.members) == 1 {
+		return // the member's own command ran
+	}
+	reply, err := g.cmd.Slice()
+	if err == nil && len(reply) != 5*len(g.members) {
+		err = &ScriptError{err: fmt.Errorf("reply of %d values to %d takes", len(reply), len(g.members))}
+	}
+	for i, p := range g.members {
+		if err != nil {
+			p.cmd.SetErr(err)
+			continue
+		}
+		p.cmd.SetVal(reply[5*i : 5*i+5])
+	}
 }

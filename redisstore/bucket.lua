@@ -15,6 +15,10 @@
 -- ARGV[9]  limit-change policy               0 keep, 1 scale, 2 reset
 -- ARGV[10] least TTL of a written key, ms    [0, 2^53)
 -- ARGV[11] request-ID memory, microseconds   [1, 2^53) with KEYS[2], else 0
+-- ARGV[12...] more costs, each [1, C]: "take" without a request ID only.
+--          The takes are decided one after another at the same time, as
+--          separate calls back to back would be; the bucket is read once
+--          and written once, and the reply holds one decision per cost.
 --
 -- Numbers are Lua doubles, exact only below 2^53. Every argument and every
 -- stored number must be a canonical decimal integer in its range, or the
@@ -26,6 +30,7 @@
 --                tokens + frac/p', brought up to date at microsecond stamp.
 -- Record value:  "at cost C n P allowed remaining retry reset".
 -- Reply:         {"ok" | "replay", allowed (0|1), remaining, retry, reset}
+--                per cost
 --                with waits in microseconds or "n" (never), or
 --                {"conflict", cost, C, n, P} of the request ID's first use.
 
@@ -145,8 +150,8 @@ local function ceilms(a, b)
 end
 
 -- Arguments.
-if #ARGV ~= 11 then
-  fail(#ARGV .. ' arguments, want 11')
+if #ARGV < 11 or (#ARGV > 11 and (ARGV[1] ~= 'take' or #KEYS ~= 1)) then
+  fail(#ARGV .. ' arguments, want 11, or more costs for "take" without a request ID')
 end
 local op = ARGV[1]
 if op ~= 'take' and op ~= 'peek' then
@@ -200,6 +205,10 @@ end
 local cost = int('cost', ARGV[8], 1, C)
 if op == 'peek' and cost ~= 1 then
   fail('peek cost ' .. ARGV[8] .. ' is not 1')
+end
+local costs = {cost}
+for i = 12, #ARGV do
+  costs[i - 10] = int('cost', ARGV[i], 1, C)
 end
 local policy = int('limit-change policy', ARGV[9], 0, 2)
 local minTTL = int('least TTL', ARGV[10], 0, TWO53 - 1)
@@ -294,20 +303,21 @@ elseif stored then
   end
 end
 
--- The decision.
-local allowed
-if op == 'take' then
-  allowed = tokens >= cost -- frac is less than one token
-  if allowed then tokens = tokens - cost end
-else
-  allowed = tokens >= 1
+-- The decisions.
+local reply, reset = {}, nil
+for i = 1, #costs do
+  local c = costs[i]
+  local allowed = tokens >= c -- frac is less than one token
+  if allowed and op == 'take' then tokens = tokens - c end
+  local retry = 0
+  if not allowed then
+    retry = wait(tokens, frac, n1, p1, c)
+  end
+  reset = wait(tokens, frac, n1, p1, C)
+  local j = #reply
+  reply[j + 1], reply[j + 2], reply[j + 3], reply[j + 4], reply[j + 5] =
+    'ok', allowed and '1' or '0', str(tokens), str(retry), str(reset)
 end
-local retry = 0
-if not allowed then
-  retry = wait(tokens, frac, n1, p1, cost)
-end
-local reset = wait(tokens, frac, n1, p1, C)
-local reply = {'ok', allowed and '1' or '0', str(tokens), str(retry), str(reset)}
 if op == 'peek' then
   return reply
 end

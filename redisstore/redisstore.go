@@ -144,6 +144,11 @@ type Stats struct {
 	// Pipelines is the number of pipelines sent with Options.Batch above 1,
 	// each carrying one or more decisions; 0 without batching.
 	Pipelines uint64
+	// SharedTakes is the number of takes that went in the script call of
+	// an earlier take in the same pipeline (same bucket, same limit):
+	// decided after it, at the same time, with one read and one write of
+	// the bucket for all.
+	SharedTakes uint64
 }
 
 // Stats returns the store's counters. It is safe to call concurrently.
@@ -151,6 +156,7 @@ func (s *Store) Stats() Stats {
 	st := Stats{ScriptLoads: s.scriptLoads.Load()}
 	if s.batch != nil {
 		st.Pipelines = s.batch.pipelines.Load()
+		st.SharedTakes = s.batch.shared.Load()
 	}
 	return st
 }
@@ -389,6 +395,32 @@ func isScriptError(err error) bool {
 	}
 	msg := re.Error()
 	return strings.HasPrefix(msg, "ERR sluice:") || strings.Contains(msg, "user_script")
+}
+
+// Positions in the arguments of a script command built by run.
+const (
+	argKeys = 3 // the first key
+	// With one key:
+	argOp   = 4
+	argCost = 11
+	argN    = 15 // the number of arguments
+)
+
+// shareID returns, for a take without a request ID sent by EVALSHA, what
+// identifies the takes that may share one script call with it: its
+// arguments but the cost (the bucket, the limit, the time argument and the
+// settings). Other commands share nothing.
+func shareID(args []any) (string, bool) {
+	if len(args) != argN || args[0] != "evalsha" || args[2] != 1 || args[argOp] != "take" {
+		return "", false
+	}
+	var b strings.Builder
+	for i, a := range args[argKeys:] {
+		if argKeys+i != argCost {
+			fmt.Fprint(&b, a, "\x00")
+		}
+	}
+	return b.String(), true
 }
 
 // process sends cmd on its own, or in the next pipeline when batching.

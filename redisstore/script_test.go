@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -263,6 +264,16 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 	with("time 2^53", func(a []string) []string { a[1] = "9007199254740992"; return a })
 	with("ten arguments", func(a []string) []string { return a[:10] })
 	with("twelve arguments", func(a []string) []string { return append(a, "0") })
+	with("a second cost with a request ID", func(a []string) []string { return append(a, "1") })
+	// More costs: takes without a request ID only, each cost in range.
+	noID := append([]string(nil), good...)
+	noID[10] = "0"
+	for _, extra := range [][]string{{"0"}, {"11"}, {"1", ""}, {"1", "nan"}, {"-1"}, {"01"}, {"1e1"}} {
+		calls = append(calls, call{fmt.Sprintf("more costs %q", extra), keys[:1], append(slices.Clone(noID), extra...)})
+	}
+	peek := slices.Clone(noID)
+	peek[0] = "peek"
+	calls = append(calls, call{"peek with a second cost", keys[:1], append(peek, "1")})
 	calls = append(calls,
 		call{"request-ID memory without a request ID", keys[:1], good},
 		call{"three keys", append(keys, s.bucketKey("x")), good},
@@ -386,4 +397,92 @@ func TestStoredStampNeverMovesBack(t *testing.T) {
 	if min := time.Hour + 9*time.Second; err != nil || pttl < min || pttl > time.Hour+10*time.Second+time.Millisecond {
 		t.Errorf("PTTL = %v, %v; want about 1h10s (the stamp, an hour ahead, plus the refill)", pttl, err)
 	}
+}
+
+// TestScriptSharedTakes: one script call with several costs (how a batch
+// sends takes of one bucket under one limit) decides them one after another
+// at one time, as sluice.Plan does, and stores Plan's final state, on
+// states drawn directly and under limit changes.
+func TestScriptSharedTakes(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := context.Background()
+	prefix := newPrefix(t, c)
+	s, err := New(c, Options{Prefix: prefix, MinTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		from := edgeLimit(rt, "old")
+		to := from
+		if rapid.Bool().Draw(rt, "limit change") {
+			to = edgeLimit(rt, "new")
+		}
+		oldPlan, err := sluice.NewPlan(from, time.Microsecond)
+		if err != nil {
+			rt.Fatalf("NewPlan(%v): %v", from, err)
+		}
+		newPlan, err := sluice.NewPlan(to, time.Microsecond)
+		if err != nil {
+			rt.Fatalf("NewPlan(%v): %v", to, err)
+		}
+		var st sluice.State
+		st.Tokens = rapid.Int64Range(0, from.Capacity).Draw(rt, "tokens")
+		if st.Tokens < from.Capacity {
+			st.Frac = uint64(rapid.Int64Range(0, int64(oldPlan.Scale())-1).Draw(rt, "frac"))
+		}
+		st.Stamp = rapid.Int64Range(0, maxExact).Draw(rt, "stamp")
+		now := rapid.Int64Range(max(0, st.Stamp-1000), min(maxExact, st.Stamp+int64(2*oldPlan.Scale()))).Draw(rt, "now")
+		costs := rapid.SliceOfN(rapid.Int64Range(1, to.Capacity), 2, 8).Draw(rt, "costs")
+
+		key := s.bucketKey("k")
+		value := stateValue(from, &oldPlan, st)
+		if err := c.Set(ctx, key, value, time.Minute).Err(); err != nil {
+			rt.Fatalf("SET: %v", err)
+		}
+		want := oldPlan.Refill(st, now)
+		if from != to {
+			want = newPlan.Convert(want, &oldPlan, sluice.KeepTokens)
+		}
+		pl, err := compile(to)
+		if err != nil {
+			rt.Fatalf("compile(%v): %v", to, err)
+		}
+		args := []any{"evalsha", s.sha, 1, key, "take", now, pl.c, pl.n, pl.p, pl.n1, pl.p1, costs[0], 0, 0, 0}
+		for _, cost := range costs[1:] {
+			args = append(args, cost)
+		}
+		reply, err := decisionCmdReply(ctx, c, args)
+		if err != nil {
+			rt.Fatalf("script with costs %v on %q at %d: %v", costs, value, now, err)
+		}
+		if len(reply) != 5*len(costs) {
+			rt.Fatalf("reply %q has %d values for %d costs", reply, len(reply), len(costs))
+		}
+		for i, cost := range costs {
+			var wantD sluice.Decision
+			newPlan.Take(&want, now, cost, &wantD)
+			got, err := decision(reply[5*i:5*i+5], to)
+			if err != nil {
+				rt.Fatal(err)
+			}
+			if diff := cmp.Diff(wantD, got); diff != "" {
+				rt.Fatalf("take %d (cost %d of %v) on %q at %d (-Plan +script):\n%s", i+1, cost, costs, value, now, diff)
+			}
+		}
+		if stored, err := c.Get(ctx, key).Result(); err != nil || stored != stateValue(to, &newPlan, want) {
+			rt.Fatalf("stored %q, %v; want Plan's %q", stored, err, stateValue(to, &newPlan, want))
+		}
+	})
+}
+
+// decisionCmdReply loads the script and runs args, an EVALSHA of it.
+func decisionCmdReply(ctx context.Context, c client, args []any) ([]string, error) {
+	if err := c.ScriptLoad(ctx, script).Err(); err != nil {
+		return nil, err
+	}
+	cmd := redis.NewCmd(ctx, args...)
+	if err := c.Process(ctx, cmd); err != nil {
+		return nil, err
+	}
+	return cmd.StringSlice()
 }

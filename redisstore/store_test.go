@@ -73,6 +73,10 @@ func TestConcurrentOneKeyRedisTime(t *testing.T) {
 				if p := s.Stats().Pipelines; batch > 1 && (p == 0 || p > workers*takes/4) {
 					t.Errorf("%d decisions went in %d pipelines; want between 1 and a quarter of them", workers*takes, p)
 				}
+				// One hot key: most takes share a script call.
+				if sh := s.Stats().SharedTakes; batch > 1 && sh < workers*takes/2 {
+					t.Errorf("%d of %d takes of one key shared a script call; want at least half", sh, workers*takes)
+				}
 			})
 		}
 	}
@@ -711,4 +715,6 @@ return 1`
 // processOnly is a Client that is not a Pipeliner.
 type processOnly struct{ c *redis.Client }
 
-func (p processOnly) Process(ctx context.Context, cmd redis.Cmder) error { return p.c.Process(ctx, cmd) }
+func (p processOnly) Process(ctx context.Context, cmd redis.Cmder) error {
+	return p.c.Process(ctx, cmd)
+}
