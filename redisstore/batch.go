@@ -32,6 +32,7 @@ type Pipeliner interface {
 type batcher struct {
 	client Pipeliner
 	max    int
+	anyKey bool // takes of different buckets may share a script call
 
 	mu      sync.Mutex
 	queue   []*pending
@@ -103,7 +104,7 @@ func (b *batcher) sendNext() (more bool) {
 		// its own deadline, and the client's read and write timeouts bound
 		// the pipeline.
 		ctx := context.Background()
-		groups := group(batch)
+		groups := group(batch, b.anyKey)
 		b.shared.Add(uint64(len(batch) - len(groups)))
 		pipe := b.client.Pipeline()
 		for _, g := range groups {
@@ -129,23 +130,23 @@ func (b *batcher) sendNext() (more bool) {
 }
 
 // A shared is one script call of a pipeline: one caller's command, or the
-// takes of several callers on one bucket under one limit, sent as one call
-// with several costs (see bucket.lua): the bucket is read, checked and
-// written once for all of them.
+// takes of several callers under one limit at one time, sent as one
+// "takes" call (see bucket.lua) that reads, checks and writes each bucket
+// once: takes of one bucket, or with anyKey takes of any buckets.
 type shared struct {
 	cmd     decisionCmd
 	members []*pending
 }
 
 // group makes the script calls for batch, in queue order: takes that
-// differ only in their cost share a call, in the order they were queued.
-func group(batch []*pending) []*shared {
+// shareID finds alike share a call, in the order they were queued.
+func group(batch []*pending, anyKey bool) []*shared {
 	var (
 		out  []*shared
 		byID map[string]*shared
 	)
 	for _, p := range batch {
-		id, ok := shareID(p.cmd.Args())
+		id, ok := shareID(p.cmd.Args(), anyKey)
 		if ok {
 			if g := byID[id]; g != nil {
 				g.members = append(g.members, p)
@@ -163,11 +164,11 @@ func group(batch []*pending) []*shared {
 	}
 	for _, g := range out {
 		if len(g.members) > 1 {
-			args := slices.Clone(g.cmd.Args())
-			for _, p := range g.members[1:] {
-				args = append(args, p.cmd.Args()[argCost])
+			args := make([][]any, len(g.members))
+			for i, p := range g.members {
+				args[i] = p.cmd.Args()
 			}
-			g.cmd = decisionCmd{redis.NewCmd(context.Background(), args...)}
+			g.cmd = decisionCmd{redis.NewCmd(context.Background(), sharedArgs(args)...)}
 		}
 	}
 	return out

@@ -4,7 +4,11 @@
 --
 -- KEYS[1]  the bucket
 -- KEYS[2]  the request-ID record ("take" with a request ID only); same slot
--- ARGV[1]  operation: "take", or "peek" (reads only, writes nothing)
+--          For "takes": KEYS[i] is the bucket of the i-th take (a key may
+--          repeat).
+-- ARGV[1]  operation: "take", "takes" (several takes without request IDs
+--          under one limit at one time), or "peek" (reads only, writes
+--          nothing)
 -- ARGV[2]  now: "redis" (read Redis TIME) or microseconds since 2020-01-01Z
 -- ARGV[3]  capacity C                        [1, 2^40]
 -- ARGV[4]  rate tokens n                     [0, 2^40]
@@ -15,10 +19,10 @@
 -- ARGV[9]  limit-change policy               0 keep, 1 scale, 2 reset
 -- ARGV[10] least TTL of a written key, ms    [0, 2^53)
 -- ARGV[11] request-ID memory, microseconds   [1, 2^53) with KEYS[2], else 0
--- ARGV[12...] more costs, each [1, C]: "take" without a request ID only.
+-- ARGV[12...] for "takes": the costs of the 2nd, 3rd... take, each [1, C].
 --          The takes are decided one after another at the same time, as
---          separate calls back to back would be; the bucket is read once
---          and written once, and the reply holds one decision per cost.
+--          separate calls back to back would be; each bucket is read once
+--          and written once, and the reply holds one decision per take.
 --
 -- Numbers are Lua doubles, exact only below 2^53. Every argument and every
 -- stored number must be a canonical decimal integer in its range, or the
@@ -150,15 +154,19 @@ local function ceilms(a, b)
 end
 
 -- Arguments.
-if #ARGV < 11 or (#ARGV > 11 and (ARGV[1] ~= 'take' or #KEYS ~= 1)) then
-  fail(#ARGV .. ' arguments, want 11, or more costs for "take" without a request ID')
-end
 local op = ARGV[1]
-if op ~= 'take' and op ~= 'peek' then
-  fail('operation ' .. show(op) .. ' is not "take" or "peek"')
+if op ~= 'take' and op ~= 'takes' and op ~= 'peek' then
+  fail('operation ' .. show(op) .. ' is not "take", "takes" or "peek"')
 end
-local withID = #KEYS == 2
-if #KEYS ~= 1 and not (withID and op == 'take') then
+if op == 'takes' then
+  if #ARGV < 11 or #KEYS ~= #ARGV - 10 then
+    fail(#KEYS .. ' keys and ' .. #ARGV .. ' arguments for "takes", want one key per cost')
+  end
+elseif #ARGV ~= 11 then
+  fail(#ARGV .. ' arguments, want 11')
+end
+local withID = op == 'take' and #KEYS == 2
+if op ~= 'takes' and #KEYS ~= 1 and not withID then
   fail(#KEYS .. ' keys for "' .. op .. '"')
 end
 
@@ -238,85 +246,101 @@ if withID then
   end
 end
 
--- The bucket, brought up to date: a missing one is full, stamped now; time
--- never runs backwards inside a bucket.
--- The stored value starts with the limit's text; when it is the request's
--- limit, whose arguments were checked above, only the level and stamp are
--- parsed.
+-- load returns the bucket at key brought up to date: a missing one is
+-- full, stamped now; time never runs backwards inside a bucket. The stored
+-- value starts with the limit's text; when it is the request's limit, whose
+-- arguments were checked above, only the level and stamp are parsed.
 local limit = ARGV[3] .. ' ' .. ARGV[4] .. ' ' .. ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. ARGV[7]
-local tokens, frac, stamp = C, 0, now
-local stored = redis.call('GET', KEYS[1])
-local same = stored and string.sub(stored, 1, #limit + 1) == limit .. ' '
-if same then
-  local t0, f0, s0 = string.match(stored, '^(%d+) (%d+) (%d+)$', #limit + 2)
-  if not t0 then
-    fail('bucket key holds a value sluice did not write')
-  end
-  t0 = int('stored tokens', t0, 0, C)
-  f0 = int('stored fraction', f0, 0, p1 - 1)
-  s0 = int('stored stamp', s0, 0, TWO53 - 1)
-  if t0 == C and f0 ~= 0 then
-    fail('bucket key holds a state sluice did not write')
-  end
-  stamp = math.max(now, s0)
-  tokens, frac = refill(t0, f0, s0, C, n1, p1, stamp)
-elseif stored then
-  local f = {string.match(stored,
-    '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')}
-  if #f ~= 8 then
-    fail('bucket key holds a value sluice did not write')
-  end
-  local C0 = int('stored capacity', f[1], 1, MAX_CAPACITY)
-  local n0 = int('stored rate tokens', f[2], 0, MAX_TOKENS)
-  local P0 = int('stored rate period', f[3], 1, MAX_PERIOD)
-  local a0 = int('stored reduced rate tokens', f[4], 0, n0)
-  local b0 = int('stored reduced rate period', f[5], 1, P0)
-  local t0 = int('stored tokens', f[6], 0, C0)
-  local f0 = int('stored fraction', f[7], 0, b0 - 1)
-  local s0 = int('stored stamp', f[8], 0, TWO53 - 1)
-  if C0 * b0 >= TWO52 or (t0 == C0 and f0 ~= 0) then
-    fail('bucket key holds a state sluice did not write')
-  end
-  stamp = math.max(now, s0)
-  if C0 == C and n0 == n and P0 == P then
-    if a0 ~= n1 or b0 ~= p1 then
-      fail('bucket key holds a rate reduced otherwise')
+local limitSp = limit .. ' '
+local function load(key)
+  local tokens, frac, stamp = C, 0, now
+  local stored = redis.call('GET', key)
+  local same = stored and string.sub(stored, 1, #limitSp) == limitSp
+  if same then
+    local t0, f0, s0 = string.match(stored, '^(%d+) (%d+) (%d+)$', #limitSp + 1)
+    if not t0 then
+      fail('bucket key holds a value sluice did not write')
     end
+    t0 = int('stored tokens', t0, 0, C)
+    f0 = int('stored fraction', f0, 0, p1 - 1)
+    s0 = int('stored stamp', s0, 0, TWO53 - 1)
+    if t0 == C and f0 ~= 0 then
+      fail('bucket key holds a state sluice did not write')
+    end
+    stamp = math.max(now, s0)
     tokens, frac = refill(t0, f0, s0, C, n1, p1, stamp)
-  else
-    -- Another limit: refill under the old one, then convert, rounding
-    -- down; a bucket full under the old limit is full under the new one.
-    t0, f0 = refill(t0, f0, s0, C0, a0, b0, stamp)
-    if t0 >= C0 or policy == 2 then
-      tokens, frac = C, 0
-    elseif policy == 1 then
-      -- floor(U * C*p' / (C0*b0)) with U = t0*b0 + f0 < C0*b0 < 2^52.
-      tokens, frac = divmod(muldiv(t0 * b0 + f0, C * p1, C0 * b0), p1)
-    elseif t0 >= C then
-      tokens, frac = C, 0
+  elseif stored then
+    local f = {string.match(stored,
+      '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')}
+    if #f ~= 8 then
+      fail('bucket key holds a value sluice did not write')
+    end
+    local C0 = int('stored capacity', f[1], 1, MAX_CAPACITY)
+    local n0 = int('stored rate tokens', f[2], 0, MAX_TOKENS)
+    local P0 = int('stored rate period', f[3], 1, MAX_PERIOD)
+    local a0 = int('stored reduced rate tokens', f[4], 0, n0)
+    local b0 = int('stored reduced rate period', f[5], 1, P0)
+    local t0 = int('stored tokens', f[6], 0, C0)
+    local f0 = int('stored fraction', f[7], 0, b0 - 1)
+    local s0 = int('stored stamp', f[8], 0, TWO53 - 1)
+    if C0 * b0 >= TWO52 or (t0 == C0 and f0 ~= 0) then
+      fail('bucket key holds a state sluice did not write')
+    end
+    stamp = math.max(now, s0)
+    if C0 == C and n0 == n and P0 == P then
+      if a0 ~= n1 or b0 ~= p1 then
+        fail('bucket key holds a rate reduced otherwise')
+      end
+      tokens, frac = refill(t0, f0, s0, C, n1, p1, stamp)
     else
-      tokens, frac = t0, muldiv(f0, p1, b0) -- f0 < b0 < 2^52, p1 < 2^52
+      -- Another limit: refill under the old one, then convert, rounding
+      -- down; a bucket full under the old limit is full under the new one.
+      t0, f0 = refill(t0, f0, s0, C0, a0, b0, stamp)
+      if t0 >= C0 or policy == 2 then
+        tokens, frac = C, 0
+      elseif policy == 1 then
+        -- floor(U * C*p' / (C0*b0)) with U = t0*b0 + f0 < C0*b0 < 2^52.
+        tokens, frac = divmod(muldiv(t0 * b0 + f0, C * p1, C0 * b0), p1)
+      elseif t0 >= C then
+        tokens, frac = C, 0
+      else
+        tokens, frac = t0, muldiv(f0, p1, b0) -- f0 < b0 < 2^52, p1 < 2^52
+      end
+      if tokens >= C then
+        tokens, frac = C, 0
+      end
     end
-    if tokens >= C then
-      tokens, frac = C, 0
-    end
+  end
+  return {tokens = tokens, frac = frac, stamp = stamp}
+end
+
+-- Every bucket, read and checked before the first write: a key met again
+-- continues from the state the takes before left it in.
+local buckets, order = {}, {}
+local nkeys = 1
+if op == 'takes' then nkeys = #KEYS end
+for i = 1, nkeys do
+  local key = KEYS[i]
+  if not buckets[key] then
+    buckets[key] = load(key)
+    order[#order + 1] = key
   end
 end
 
 -- The decisions.
-local reply, reset = {}, nil
+local reply = {}
 for i = 1, #costs do
-  local c = costs[i]
-  local allowed = tokens >= c -- frac is less than one token
-  if allowed and op == 'take' then tokens = tokens - c end
+  local b, c = buckets[KEYS[i]], costs[i]
+  local allowed = b.tokens >= c -- frac is less than one token
+  if allowed and op ~= 'peek' then b.tokens = b.tokens - c end
   local retry = 0
   if not allowed then
-    retry = wait(tokens, frac, n1, p1, c)
+    retry = wait(b.tokens, b.frac, n1, p1, c)
   end
-  reset = wait(tokens, frac, n1, p1, C)
+  b.reset = wait(b.tokens, b.frac, n1, p1, C)
   local j = #reply
   reply[j + 1], reply[j + 2], reply[j + 3], reply[j + 4], reply[j + 5] =
-    'ok', allowed and '1' or '0', str(tokens), str(retry), str(reset)
+    'ok', allowed and '1' or '0', str(b.tokens), str(retry), str(b.reset)
 end
 if op == 'peek' then
   return reply
@@ -326,12 +350,15 @@ end
 -- after it is full again (rounded up to ms; the extra ms covers a server
 -- whose expiry clock was read before TIME), and never if it never refills.
 -- A denial writes too: its stamp must hold if the clock later steps back.
-local value = limit .. ' ' .. str(tokens) .. ' ' .. str(frac) .. ' ' .. str(stamp)
-if reset == nil then
-  redis.call('SET', KEYS[1], value)
-else
-  local ttl = ceilms(stamp - now, reset) + 1
-  redis.call('SET', KEYS[1], value, 'PX', str(math.max(ttl, minTTL)))
+for _, key in ipairs(order) do
+  local b = buckets[key]
+  local value = limit .. ' ' .. str(b.tokens) .. ' ' .. str(b.frac) .. ' ' .. str(b.stamp)
+  if b.reset == nil then
+    redis.call('SET', key, value)
+  else
+    local ttl = ceilms(b.stamp - now, b.reset) + 1
+    redis.call('SET', key, value, 'PX', str(math.max(ttl, minTTL)))
+  end
 end
 if withID then
   local rec = table.concat({str(now), ARGV[8], ARGV[3], ARGV[4], ARGV[5],

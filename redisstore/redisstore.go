@@ -199,7 +199,11 @@ func New(client Client, o Options) (*Store, error) {
 		if !ok {
 			return nil, fmt.Errorf("redisstore: batch size %d needs a client with go-redis pipelines (a Pipeliner); %T is not one", o.Batch, client)
 		}
-		b = &batcher{client: p, max: o.Batch}
+		// A standalone client (not a Cluster or a Ring, whose keys live
+		// on several servers) can send one script call for the takes of
+		// several buckets.
+		_, anyKey := client.(*redis.Client)
+		b = &batcher{client: p, max: o.Batch, anyKey: anyKey}
 	}
 	sum := sha1.Sum([]byte(script))
 	return &Store{
@@ -408,19 +412,36 @@ const (
 
 // shareID returns, for a take without a request ID sent by EVALSHA, what
 // identifies the takes that may share one script call with it: its
-// arguments but the cost (the bucket, the limit, the time argument and the
-// settings). Other commands share nothing.
-func shareID(args []any) (string, bool) {
+// arguments but the cost (the limit, the time argument and the settings)
+// and, unless anyKey, the bucket. Other commands share nothing.
+func shareID(args []any, anyKey bool) (string, bool) {
 	if len(args) != argN || args[0] != "evalsha" || args[2] != 1 || args[argOp] != "take" {
 		return "", false
 	}
 	var b strings.Builder
 	for i, a := range args[argKeys:] {
-		if argKeys+i != argCost {
+		if i := argKeys + i; i != argCost && (i != argKeys || !anyKey) {
 			fmt.Fprint(&b, a, "\x00")
 		}
 	}
 	return b.String(), true
+}
+
+// sharedArgs returns the arguments of one "takes" script call for the
+// takes of args, each a take that shareID accepted with the same identity.
+func sharedArgs(args [][]any) []any {
+	first := args[0]
+	out := make([]any, 0, argN+2*len(args))
+	out = append(out, first[0], first[1], len(args))
+	for _, a := range args {
+		out = append(out, a[argKeys])
+	}
+	out = append(out, "takes")
+	out = append(out, first[argOp+1:]...)
+	for _, a := range args[1:] {
+		out = append(out, a[argCost])
+	}
+	return out
 }
 
 // process sends cmd on its own, or in the next pipeline when batching.

@@ -265,15 +265,19 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 	with("ten arguments", func(a []string) []string { return a[:10] })
 	with("twelve arguments", func(a []string) []string { return append(a, "0") })
 	with("a second cost with a request ID", func(a []string) []string { return append(a, "1") })
-	// More costs: takes without a request ID only, each cost in range.
-	noID := append([]string(nil), good...)
-	noID[10] = "0"
+	// "takes": one key per cost, each cost in range, no request ID.
+	takes := append([]string(nil), good...)
+	takes[0], takes[10] = "takes", "0"
+	bucket := keys[0]
 	for _, extra := range [][]string{{"0"}, {"11"}, {"1", ""}, {"1", "nan"}, {"-1"}, {"01"}, {"1e1"}} {
-		calls = append(calls, call{fmt.Sprintf("more costs %q", extra), keys[:1], append(slices.Clone(noID), extra...)})
+		calls = append(calls, call{fmt.Sprintf("takes, more costs %q", extra), slices.Repeat([]string{bucket}, 1+len(extra)), append(slices.Clone(takes), extra...)})
 	}
-	peek := slices.Clone(noID)
-	peek[0] = "peek"
-	calls = append(calls, call{"peek with a second cost", keys[:1], append(peek, "1")})
+	calls = append(calls,
+		call{"takes, a key short", []string{bucket}, append(slices.Clone(takes), "1")},
+		call{"takes, a key too many", []string{bucket, bucket, bucket}, append(slices.Clone(takes), "1")},
+		call{"takes with request-ID memory", []string{bucket}, func() []string { a := slices.Clone(takes); a[10] = "60000000"; return a }()},
+		call{"peek with a second cost", []string{bucket}, append([]string{"peek"}, append(slices.Clone(takes[1:]), "1")...)},
+	)
 	calls = append(calls,
 		call{"request-ID memory without a request ID", keys[:1], good},
 		call{"three keys", append(keys, s.bucketKey("x")), good},
@@ -399,10 +403,10 @@ func TestStoredStampNeverMovesBack(t *testing.T) {
 	}
 }
 
-// TestScriptSharedTakes: one script call with several costs (how a batch
-// sends takes of one bucket under one limit) decides them one after another
-// at one time, as sluice.Plan does, and stores Plan's final state, on
-// states drawn directly and under limit changes.
+// TestScriptSharedTakes: one "takes" script call (how a batch sends takes
+// under one limit) decides its takes one after another at one time, as
+// sluice.Plan does, on two buckets met in any order, stored or missing,
+// under limit changes, and stores Plan's final state of each.
 func TestScriptSharedTakes(t *testing.T) {
 	c := redistest.Client(t)
 	ctx := context.Background()
@@ -425,52 +429,76 @@ func TestScriptSharedTakes(t *testing.T) {
 		if err != nil {
 			rt.Fatalf("NewPlan(%v): %v", to, err)
 		}
-		var st sluice.State
-		st.Tokens = rapid.Int64Range(0, from.Capacity).Draw(rt, "tokens")
-		if st.Tokens < from.Capacity {
-			st.Frac = uint64(rapid.Int64Range(0, int64(oldPlan.Scale())-1).Draw(rt, "frac"))
+		now := rapid.Int64Range(0, maxExact).Draw(rt, "now")
+		// Two buckets on the old limit's grid, stamped around now, or
+		// missing.
+		keys := []string{s.bucketKey("k0"), s.bucketKey("k1")}
+		var want [2]sluice.State
+		var values [2]string
+		for i, key := range keys {
+			var st sluice.State
+			st.Tokens = rapid.Int64Range(0, from.Capacity).Draw(rt, "tokens")
+			if st.Tokens < from.Capacity {
+				st.Frac = uint64(rapid.Int64Range(0, int64(oldPlan.Scale())-1).Draw(rt, "frac"))
+			}
+			st.Stamp = rapid.Int64Range(max(0, now-int64(2*oldPlan.Scale())), min(maxExact, now+1000)).Draw(rt, "stamp")
+			if rapid.Bool().Draw(rt, "missing") {
+				if err := c.Del(ctx, key).Err(); err != nil {
+					rt.Fatal(err)
+				}
+				want[i] = newPlan.Full(now)
+				values[i] = "(missing)"
+				continue
+			}
+			values[i] = stateValue(from, &oldPlan, st)
+			if err := c.Set(ctx, key, values[i], time.Minute).Err(); err != nil {
+				rt.Fatalf("SET: %v", err)
+			}
+			want[i] = oldPlan.Refill(st, now)
+			if from != to {
+				want[i] = newPlan.Convert(want[i], &oldPlan, sluice.KeepTokens)
+			}
 		}
-		st.Stamp = rapid.Int64Range(0, maxExact).Draw(rt, "stamp")
-		now := rapid.Int64Range(max(0, st.Stamp-1000), min(maxExact, st.Stamp+int64(2*oldPlan.Scale()))).Draw(rt, "now")
 		costs := rapid.SliceOfN(rapid.Int64Range(1, to.Capacity), 2, 8).Draw(rt, "costs")
+		which := rapid.SliceOfN(rapid.IntRange(0, 1), len(costs), len(costs)).Draw(rt, "buckets")
 
-		key := s.bucketKey("k")
-		value := stateValue(from, &oldPlan, st)
-		if err := c.Set(ctx, key, value, time.Minute).Err(); err != nil {
-			rt.Fatalf("SET: %v", err)
-		}
-		want := oldPlan.Refill(st, now)
-		if from != to {
-			want = newPlan.Convert(want, &oldPlan, sluice.KeepTokens)
-		}
 		pl, err := compile(to)
 		if err != nil {
 			rt.Fatalf("compile(%v): %v", to, err)
 		}
-		args := []any{"evalsha", s.sha, 1, key, "take", now, pl.c, pl.n, pl.p, pl.n1, pl.p1, costs[0], 0, 0, 0}
+		args := []any{"evalsha", s.sha, len(costs)}
+		for _, w := range which {
+			args = append(args, keys[w])
+		}
+		args = append(args, "takes", now, pl.c, pl.n, pl.p, pl.n1, pl.p1, costs[0], 0, 0, 0)
 		for _, cost := range costs[1:] {
 			args = append(args, cost)
 		}
 		reply, err := decisionCmdReply(ctx, c, args)
 		if err != nil {
-			rt.Fatalf("script with costs %v on %q at %d: %v", costs, value, now, err)
+			rt.Fatalf("takes %v of buckets %v (%q) at %d: %v", costs, which, values, now, err)
 		}
 		if len(reply) != 5*len(costs) {
 			rt.Fatalf("reply %q has %d values for %d costs", reply, len(reply), len(costs))
 		}
 		for i, cost := range costs {
 			var wantD sluice.Decision
-			newPlan.Take(&want, now, cost, &wantD)
+			newPlan.Take(&want[which[i]], now, cost, &wantD)
 			got, err := decision(reply[5*i:5*i+5], to)
 			if err != nil {
 				rt.Fatal(err)
 			}
 			if diff := cmp.Diff(wantD, got); diff != "" {
-				rt.Fatalf("take %d (cost %d of %v) on %q at %d (-Plan +script):\n%s", i+1, cost, costs, value, now, diff)
+				rt.Fatalf("take %d (costs %v of buckets %v, %q) at %d (-Plan +script):\n%s", i+1, costs, which, values, now, diff)
 			}
 		}
-		if stored, err := c.Get(ctx, key).Result(); err != nil || stored != stateValue(to, &newPlan, want) {
-			rt.Fatalf("stored %q, %v; want Plan's %q", stored, err, stateValue(to, &newPlan, want))
+		for i, key := range keys {
+			if !slices.Contains(which, i) {
+				continue
+			}
+			if stored, err := c.Get(ctx, key).Result(); err != nil || stored != stateValue(to, &newPlan, want[i]) {
+				rt.Fatalf("bucket %d stored %q, %v; want Plan's %q", i, stored, err, stateValue(to, &newPlan, want[i]))
+			}
 		}
 	})
 }

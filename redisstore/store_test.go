@@ -718,3 +718,50 @@ type processOnly struct{ c *redis.Client }
 func (p processOnly) Process(ctx context.Context, cmd redis.Cmder) error {
 	return p.c.Process(ctx, cmd)
 }
+
+// TestBatchSharesAcrossKeys: with batching, takes of distinct keys share
+// script calls on a standalone server (one call may touch any keys) and
+// never on a cluster (a call's keys must share a slot), and each decision
+// is its own: every key of capacity 2 is charged by its single take.
+func TestBatchSharesAcrossKeys(t *testing.T) {
+	const workers, takes = 64, 50
+	l := sluice.Limit{Capacity: 2, Rate: sluice.Per(1, time.Hour)}
+	for name, c := range topologies(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := t.Context()
+			s := newStore(t, c, Options{Batch: 64})
+			var wg sync.WaitGroup
+			var bad atomic.Int64
+			var firstErr atomic.Pointer[error]
+			for w := range workers {
+				wg.Go(func() {
+					for i := range takes {
+						d, err := s.Take(ctx, sluice.Request{Key: fmt.Sprintf("w%d-%d", w, i), Cost: 1, Limit: l})
+						if err != nil {
+							firstErr.CompareAndSwap(nil, &err)
+							return
+						}
+						if !d.Allowed || d.Remaining != 1 {
+							bad.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if p := firstErr.Load(); p != nil {
+				t.Fatal(*p)
+			}
+			if n := bad.Load(); n != 0 {
+				t.Fatalf("%d first takes of fresh keys were not allowed with 1 remaining", n)
+			}
+			shared := s.Stats().SharedTakes
+			if name == "cluster" && shared != 0 {
+				t.Fatalf("on a cluster %d takes of distinct keys shared a script call; want 0", shared)
+			}
+			if name != "cluster" && shared == 0 {
+				t.Fatalf("on a standalone server no take of %d shared a script call", workers*takes)
+			}
+			t.Logf("%d takes, %d shared a call, %d pipelines", workers*takes, shared, s.Stats().Pipelines)
+		})
+	}
+}
