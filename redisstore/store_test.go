@@ -765,3 +765,93 @@ func TestBatchSharesAcrossKeys(t *testing.T) {
 		})
 	}
 }
+
+// TestRestartDuringLoad: Redis restarts (a crash without persistence: the
+// script cache and the buckets are lost) in the middle of load from 8
+// callers. Decisions may fail while it is down; none fails for want of the
+// script afterwards (NOSCRIPT falls back to EVAL), the first decision
+// after the server answers again succeeds within 1.5 s, and every decision
+// started later than that succeeds. (After as many failed dials as its
+// pool size, go-redis stops dialing and tries again once a second, so the
+// pool itself may take up to a second to notice the server is back.)
+func TestRestartDuringLoad(t *testing.T) {
+	const workers, recovery = 8, 1500 * time.Millisecond
+	l := sluice.Limit{Capacity: 1_000_000, Rate: sluice.Per(1, time.Hour)}
+	for _, batch := range batchModes {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			srv := redistest.Private(t)
+			c := redis.NewClient(&redis.Options{
+				Addr: srv.Addr(), MaxRetries: -1, DialerRetries: 1, PoolSize: workers,
+				DialTimeout: 100 * time.Millisecond, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond,
+			})
+			t.Cleanup(func() { c.Close() })
+			s, err := New(c, Options{Batch: batch})
+			if err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				start, end time.Time
+				err        error
+			}
+			var (
+				mu      sync.Mutex
+				results []result
+				stop    atomic.Bool
+				wg      sync.WaitGroup
+			)
+			for w := range workers {
+				wg.Go(func() {
+					for i := 0; !stop.Load(); i++ {
+						start := time.Now()
+						_, err := s.Take(t.Context(), sluice.Request{Key: fmt.Sprint("k", (w*7+i)%20), Cost: 1, Limit: l})
+						mu.Lock()
+						results = append(results, result{start, time.Now(), err})
+						mu.Unlock()
+						if err != nil {
+							time.Sleep(time.Millisecond) // no busy loop while Redis is down
+						}
+					}
+				})
+			}
+			time.Sleep(300 * time.Millisecond)
+			loadsBefore := s.Stats().ScriptLoads
+			srv.Restart(t)
+			up := time.Now()
+			time.Sleep(2500 * time.Millisecond)
+			stop.Store(true)
+			wg.Wait()
+
+			var failed, after, lateFailed int
+			var firstOK time.Time
+			for _, r := range results {
+				if r.err != nil {
+					failed++
+					if strings.Contains(r.err.Error(), "NOSCRIPT") {
+						t.Errorf("a decision failed for want of the script: %v", r.err)
+					}
+				}
+				if r.start.After(up) && r.err == nil && (firstOK.IsZero() || r.end.Before(firstOK)) {
+					firstOK = r.end
+				}
+				if r.start.After(up.Add(recovery)) {
+					after++
+					if r.err != nil {
+						lateFailed++
+						t.Errorf("a decision started %v after the restart failed: %v", r.start.Sub(up), r.err)
+					}
+				}
+			}
+			if firstOK.IsZero() || firstOK.Sub(up) > recovery {
+				t.Fatalf("no decision succeeded within %v of the restart (first at %v)", recovery, firstOK.Sub(up))
+			}
+			if after == 0 {
+				t.Fatalf("no decision started more than %v after the restart", recovery)
+			}
+			if s.Stats().ScriptLoads <= loadsBefore {
+				t.Errorf("ScriptLoads stayed %d across the restart; the restarted server cannot have had the script", loadsBefore)
+			}
+			t.Logf("%d decisions, %d failed (while down or on connections it broke); first success %v after the restart; %d started %v later, %d failed",
+				len(results), failed, firstOK.Sub(up), after, recovery, lateFailed)
+		})
+	}
+}

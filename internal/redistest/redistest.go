@@ -127,6 +127,48 @@ func ClusterClient(t testing.TB) *redis.ClusterClient {
 	return c
 }
 
+// Server is a private redis-server of one test, which the test may
+// restart; Private starts one.
+type Server struct{ s *server }
+
+// Private starts a redis-server of t's own on a free loopback port, with
+// no persistence, and stops it when t ends. It skips t (fails it with
+// CI=true) if redis-server is missing or does not start.
+func Private(t testing.TB) *Server {
+	t.Helper()
+	s, err := startServer()
+	if err != nil {
+		unavailable(t, err)
+	}
+	p := &Server{s: s}
+	t.Cleanup(func() { p.s.stop() })
+	return p
+}
+
+// Addr returns the server's address, the same across restarts.
+func (p *Server) Addr() string { return p.s.addr }
+
+// Restart kills the server (no shutdown: what it held is lost, as in a
+// crash without persistence) and starts it again on the same port, then
+// waits until it answers.
+func (p *Server) Restart(t testing.TB) {
+	t.Helper()
+	p.s.kill()
+	old := p.s
+	s := &server{addr: old.addr, dir: old.dir, cmd: exec.Command(old.cmd.Path, old.cmd.Args[1:]...), done: make(chan struct{})}
+	if err := s.cmd.Start(); err != nil {
+		t.Fatalf("restarting redis-server on %s: %v", s.addr, err)
+	}
+	go func() { s.cmd.Wait(); close(s.done) }()
+	mu.Lock()
+	started = append(started, s)
+	mu.Unlock()
+	p.s = s
+	if err := s.waitReady(); err != nil {
+		t.Fatalf("restarting redis-server: %v", err)
+	}
+}
+
 func unavailable(t testing.TB, err error) {
 	t.Helper()
 	if os.Getenv("CI") == "true" {
