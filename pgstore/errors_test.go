@@ -66,15 +66,18 @@ func TestUnreachable(t *testing.T) {
 
 // TestTimeouts: a bucket locked by another transaction makes Take fail
 // with the lock timeout (or, with no lock timeout, the statement timeout),
-// wrapped in ErrUnavailable, soon, and without changing the bucket.
+// wrapped in ErrUnavailable, soon, and without changing the bucket. Only
+// the lock timeouts count in Stats().LockTimeouts, and neither counts as a
+// lock wait.
 func TestTimeouts(t *testing.T) {
 	tests := []struct {
 		name            string
 		statement, lock time.Duration
 		code            string // SQLSTATE
+		lockTimeouts    uint64 // per failed take
 	}{
-		{"lock_timeout", time.Minute, 50 * time.Millisecond, "55P03"},
-		{"statement_timeout", 50 * time.Millisecond, -1, "57014"},
+		{"lock_timeout", time.Minute, 50 * time.Millisecond, "55P03", 1},
+		{"statement_timeout", 50 * time.Millisecond, -1, "57014", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -101,15 +104,20 @@ func TestTimeouts(t *testing.T) {
 			if _, err := tx.Exec(ctx, "SELECT 1 FROM "+qualified(table)+" WHERE key = $1 FOR UPDATE", []byte("k")); err != nil {
 				t.Fatal(err)
 			}
-			start := time.Now()
-			d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: testLimit})
-			elapsed := time.Since(start)
-			var pe *pgconn.PgError
-			if !errors.Is(err, pgstore.ErrUnavailable) || !errors.As(err, &pe) || pe.Code != tt.code {
-				t.Fatalf("Take on a locked bucket = %+v, %v; want error %v with SQLSTATE %s", d, err, pgstore.ErrUnavailable, tt.code)
-			}
-			if elapsed > 5*time.Second {
-				t.Errorf("Take on a locked bucket took %v with a 50ms timeout", elapsed)
+			for i := range uint64(2) {
+				start := time.Now()
+				d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: testLimit})
+				elapsed := time.Since(start)
+				var pe *pgconn.PgError
+				if !errors.Is(err, pgstore.ErrUnavailable) || !errors.As(err, &pe) || pe.Code != tt.code {
+					t.Fatalf("Take on a locked bucket = %+v, %v; want error %v with SQLSTATE %s", d, err, pgstore.ErrUnavailable, tt.code)
+				}
+				if elapsed > 5*time.Second {
+					t.Errorf("Take on a locked bucket took %v with a 50ms timeout", elapsed)
+				}
+				if st, want := s.Stats(), tt.lockTimeouts*(i+1); st.LockTimeouts != want || st.LockWaits != 0 || st.LockWaitSeconds != 0 {
+					t.Errorf("after %d failed takes, Stats() = %+v; want LockTimeouts %d and no lock waits", i+1, st, want)
+				}
 			}
 			tx.Rollback(ctx)
 			if after, _ := readRow(t, table, "k"); after != before {

@@ -14,7 +14,11 @@
 // Time is the database's clock (clock_timestamp(), read once per statement)
 // unless Options.Now supplies it, so processes with skewed clocks agree. Full
 // buckets and expired request IDs are deleted in bounded batches by a
-// sweeper goroutine that Close stops.
+// sweeper goroutine that Close stops; it pauses between batches
+// (Options.SweepPauseRatio) so as to leave the database to the decisions.
+// The decision function also reports how long it waited for the bucket's
+// row lock, which Stats adds up, with the decisions that gave up at the lock
+// timeout, for metrics.
 //
 // The schema ships with the package and is applied by Migrate, never at
 // import or by New. It needs PostgreSQL 14 or later. See docs/postgres.md.
@@ -24,6 +28,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,7 +64,11 @@ const (
 	DefaultLockTimeout      = 100 * time.Millisecond
 	DefaultSweepInterval    = 10 * time.Second
 	DefaultSweepBatch       = 1000
+	DefaultSweepPauseRatio  = 9.0
 )
+
+// maxSweepPause bounds one pause of a sweep between two batches.
+const maxSweepPause = time.Minute
 
 // Options configure a Store. The zero value of every field means its
 // documented default.
@@ -99,7 +108,8 @@ type Options struct {
 	// LockTimeout bounds the wait for a bucket's row lock (lock_timeout,
 	// set like StatementTimeout), so that a hot key fails fast instead of
 	// queueing. Default DefaultLockTimeout (100ms); negative leaves the
-	// session's setting alone.
+	// session's setting alone. Stats counts the decisions that waited and
+	// those that gave up.
 	LockTimeout time.Duration
 	// SweepInterval is how often a background goroutine deletes full
 	// buckets and expired request IDs. Default DefaultSweepInterval (10s);
@@ -110,8 +120,24 @@ type Options struct {
 	// deletes; a sweep runs statements until a batch comes back short.
 	// A decision on a bucket that a statement is deleting waits for that
 	// statement's commit, so keep a batch's time well below LockTimeout.
+	// Smaller batches lock fewer rows at a time but each costs a
+	// statement: with 250 rows, a paced sweep of 200,000 full buckets took
+	// about three times as long as with 1,000 (docs/postgres.md).
 	// Default DefaultSweepBatch (1,000).
 	SweepBatch int
+	// SweepPauseRatio paces sweeps so that they leave the database to the
+	// decisions: after each batch that came back full, a sweep pauses for
+	// SweepPauseRatio times as long as that batch's statement took (at
+	// most a minute) before it runs the next one. A sweep then keeps its
+	// connection busy at most 1/(1+SweepPauseRatio) of the time, and backs
+	// off by itself when the database is slow; a sweep that fits in one
+	// batch does not pause. It applies to the background sweeper and to
+	// Sweep called directly. Default DefaultSweepPauseRatio (9: busy at
+	// most a tenth of the time; in BenchmarkTakeDuringSweep decisions
+	// then lost about a tenth of their rate while a large backlog was
+	// swept, against a fifth to a third unpaced); negative: no pause, the
+	// fastest sweep. NaN and +Inf are refused (ErrInvalidOptions).
+	SweepPauseRatio float64
 }
 
 // Store is a sluice.Store in PostgreSQL. It is safe for concurrent use, and
@@ -131,9 +157,11 @@ type Store struct {
 	idTTL     int64 // µs
 	now       func() time.Time
 	batch     int32
+	pause     float64 // the SweepPauseRatio; 0: none
 
-	sweptBuckets, sweptIDs, sweepErrors atomic.Uint64
-	lastSweepErr                        atomic.Pointer[error]
+	sweptBuckets, sweptIDs, sweepErrors     atomic.Uint64
+	lastSweepErr                            atomic.Pointer[error]
+	lockWaits, lockWaitMicros, lockTimeouts atomic.Uint64
 
 	cancelSweeper context.CancelFunc
 	done          chan struct{}
@@ -184,13 +212,21 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 	if o.SweepBatch <= 0 {
 		o.SweepBatch = DefaultSweepBatch
 	}
+	switch r := o.SweepPauseRatio; {
+	case math.IsNaN(r) || math.IsInf(r, 1):
+		return nil, fmt.Errorf("%w: SweepPauseRatio %v is not a number of times a batch's duration", ErrInvalidOptions, r)
+	case r == 0:
+		o.SweepPauseRatio = DefaultSweepPauseRatio
+	case r < 0:
+		o.SweepPauseRatio = 0
+	}
 	n := newNames(o.Schema, o.Table)
 	s := &Store{
 		pool:      pool,
 		schema:    o.Schema,
 		names:     n,
 		migration: migrationSQL(n),
-		takeSQL: "SELECT o_status, o_allowed, o_remaining, o_retry_us, o_reset_us, o_cost, o_capacity, o_rate_tokens, o_period_us FROM " +
+		takeSQL: "SELECT o_status, o_allowed, o_remaining, o_retry_us, o_reset_us, o_cost, o_capacity, o_rate_tokens, o_period_us, o_lock_wait_us FROM " +
 			n.Take + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
 		peekSQL:  "SELECT o_allowed, o_remaining, o_retry_us, o_reset_us FROM " + n.Peek + "($1, $2, $3, $4, $5, $6, $7, $8)",
 		sweepSQL: "SELECT o_buckets, o_request_ids FROM " + n.Sweep + "($1, $2)",
@@ -198,6 +234,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 		idTTL:    ceilMicros(o.RequestIDTTL),
 		now:      o.Now,
 		batch:    int32(min(o.SweepBatch, 1<<30)),
+		pause:    o.SweepPauseRatio,
 		done:     make(chan struct{}),
 	}
 	s.prelude, s.timeouts = prelude(o.StatementTimeout, o.LockTimeout)
@@ -274,14 +311,23 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 		allowed                                bool
 		remaining, retry, reset                int64
 		idCost, idCapacity, idTokens, idPeriod int64
+		lockWait                               int64 // µs
 	)
 	err = s.queryRow(ctx, s.takeSQL,
-		[]any{&status, &allowed, &remaining, &retry, &reset, &idCost, &idCapacity, &idTokens, &idPeriod},
+		[]any{&status, &allowed, &remaining, &retry, &reset, &idCost, &idCapacity, &idTokens, &idPeriod, &lockWait},
 		[]byte(r.Key), r.Cost,
 		r.Limit.Capacity, r.Limit.Rate.Tokens, int64(r.Limit.Rate.Period/time.Microsecond), int64(p.RefillUnits()), int64(p.Scale()),
 		s.policy, id, s.idTTL, s.nowMicros())
 	if err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available
+			s.lockTimeouts.Add(1)
+		}
 		return sluice.Decision{}, s.unavailable("take", err)
+	}
+	if lockWait > 0 {
+		s.lockWaits.Add(1)
+		s.lockWaitMicros.Add(uint64(lockWait))
 	}
 	if status == statusConflict {
 		first := sluice.Limit{Capacity: idCapacity, Rate: sluice.Rate{Tokens: idTokens, Period: time.Duration(idPeriod) * time.Microsecond}}
@@ -359,8 +405,8 @@ func (s *Store) queryRow(ctx context.Context, sql string, dst []any, args ...any
 // schema is missing.
 func (s *Store) unavailable(op string, err error) error {
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "42P01" || pe.Code == "3F000") {
-		return fmt.Errorf("%w: %s: schema of %s is missing (run Migrate): %w", ErrUnavailable, op, s.names.Buckets, err)
+	if errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "42P01" || pe.Code == "3F000" || pe.Code == "42703") {
+		return fmt.Errorf("%w: %s: schema of %s is missing or older than version %d (run Migrate): %w", ErrUnavailable, op, s.names.Buckets, SchemaVersion, err)
 	}
 	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
 }

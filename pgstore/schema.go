@@ -12,7 +12,7 @@ import (
 
 // SchemaVersion is the version of the embedded schema that Migrate applies.
 // It is recorded as a comment on both tables.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // Bounds on the names in Options.
 const (

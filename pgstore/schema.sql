@@ -2,7 +2,9 @@
 -- (*Store).Migrate in one transaction, with the quoted names of the tables,
 -- indexes and functions made from Options.Schema and Options.Table. Every
 -- statement is idempotent: running Migrate again changes nothing but the
--- function bodies, which it replaces with this version's.
+-- function bodies, which it replaces with this version's. Upgrading a schema
+-- of version 1 also recreates the take function, whose result gained a
+-- column (see the DO blocks around it); the tables are kept as they are.
 --
 -- Units: time is an integer number of microseconds (µs) since the Unix
 -- epoch; a limit of capacity C and n tokens every P µs is reduced by
@@ -159,16 +161,40 @@ $$;
 -- p_ttl is the request ID's lifetime in µs. o_status is 0 for a decision,
 -- 1 for a replay, 2 for a request ID remembered with another cost or limit
 -- (o_cost and the o_ limit columns are then the remembered ones).
+-- o_lock_wait_us is how long the decision waited for the bucket's row lock,
+-- in µs of clock_timestamp() (never negative, should that clock step back):
+-- 0 if it got the lock at once.
+--
+-- Schema version 1's function had no o_lock_wait_us, and CREATE OR REPLACE
+-- cannot change a function's result type: drop that one first, keeping the
+-- privileges granted on it (stashed in a setting local to the migration's
+-- transaction, and granted again below).
+DO $$
+DECLARE
+	v_acl aclitem[];
+BEGIN
+	SELECT p.proacl INTO v_acl FROM pg_proc AS p
+	WHERE p.oid = to_regprocedure('{{.Take}}(bytea, bigint, bigint, bigint, bigint, bigint, bigint, integer, bytea, bigint, bigint)')
+		AND NOT 'o_lock_wait_us' = ANY (p.proargnames);
+	IF FOUND THEN
+		PERFORM set_config('sluice_pgstore.take_acl', coalesce(v_acl::text, 'default'), true);
+		DROP FUNCTION {{.Take}}(bytea, bigint, bigint, bigint, bigint, bigint, bigint, integer, bytea, bigint, bigint);
+	END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION {{.Take}}(
 	p_key bytea, p_cost bigint,
 	p_cap bigint, p_rate_tokens bigint, p_period bigint, p_n bigint, p_per bigint,
 	p_policy integer, p_request_id bytea, p_ttl bigint, p_now bigint,
 	OUT o_status integer, OUT o_allowed boolean, OUT o_remaining bigint,
 	OUT o_retry_us bigint, OUT o_reset_us bigint,
-	OUT o_cost bigint, OUT o_capacity bigint, OUT o_rate_tokens bigint, OUT o_period_us bigint)
+	OUT o_cost bigint, OUT o_capacity bigint, OUT o_rate_tokens bigint, OUT o_period_us bigint,
+	OUT o_lock_wait_us bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
 	v_now bigint := coalesce(p_now, {{.Clock}}());
+	v_t0 timestamptz;
 	v_old record;
 	v_id record;
 	v_found boolean;
@@ -187,11 +213,28 @@ BEGIN
 			USING ERRCODE = 'invalid_transaction_state',
 			HINT = 'Use sessions whose default_transaction_isolation is read committed (the default) for the store''s pool.';
 	END IF;
+	o_lock_wait_us := 0;
 	LOOP
+		-- Lock the bucket if no one holds it: the usual case, one index
+		-- probe and no clock read.
 		SELECT b.tokens, b.frac, b.stamp, b.capacity, b.rate_tokens, b.period_us
 		INTO v_old
-		FROM {{.Buckets}} AS b WHERE b.key = p_key FOR UPDATE;
+		FROM {{.Buckets}} AS b WHERE b.key = p_key FOR UPDATE SKIP LOCKED;
 		v_found := FOUND;
+		-- (Two IFs: PL/pgSQL would run an expression holding a subquery
+		-- as a query even where AND does not need its value.)
+		IF NOT v_found THEN
+			IF EXISTS (SELECT FROM {{.Buckets}} AS b WHERE b.key = p_key) THEN
+				-- Another transaction holds it (a decision, or a sweep
+				-- that is deleting it): wait for it, and time the wait.
+				v_t0 := clock_timestamp();
+				SELECT b.tokens, b.frac, b.stamp, b.capacity, b.rate_tokens, b.period_us
+				INTO v_old
+				FROM {{.Buckets}} AS b WHERE b.key = p_key FOR UPDATE;
+				v_found := FOUND;
+				o_lock_wait_us := o_lock_wait_us + greatest((extract(epoch FROM clock_timestamp() - v_t0) * 1000000)::bigint, 0);
+			END IF;
+		END IF;
 
 		IF v_found AND p_request_id IS NOT NULL THEN
 			SELECT r.* INTO v_id FROM {{.RequestIDs}} AS r
@@ -254,6 +297,7 @@ BEGIN
 			EXIT;
 		END IF;
 
+		v_t0 := clock_timestamp();
 		INSERT INTO {{.Buckets}} AS b (key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at)
 		VALUES (p_key, v_tokens, v_frac, v_stamp, p_cap, p_rate_tokens, p_period, v_full_at)
 		ON CONFLICT (key) DO NOTHING;
@@ -272,7 +316,9 @@ BEGIN
 			EXIT;
 		END IF;
 		-- Another request created the bucket after the SELECT: lock it and
-		-- decide again.
+		-- decide again. If its transaction was still running, the insert
+		-- waited for it to end: that is a wait for the bucket's lock too.
+		o_lock_wait_us := o_lock_wait_us + greatest((extract(epoch FROM clock_timestamp() - v_t0) * 1000000)::bigint, 0);
 	END LOOP;
 
 	IF v_replay THEN
@@ -314,6 +360,30 @@ BEGIN
 END
 $$;
 
+-- If the DO block above dropped schema version 1's take function, grant its
+-- privileges on the new one: a role that may only decide keeps its EXECUTE.
+DO $$
+DECLARE
+	v_acl text := current_setting('sluice_pgstore.take_acl', true);
+	v_fn text := '{{.Take}}(bytea, bigint, bigint, bigint, bigint, bigint, bigint, integer, bytea, bigint, bigint)';
+	v_grant record;
+BEGIN
+	IF coalesce(v_acl, '') IN ('', 'default') THEN
+		RETURN; -- nothing dropped, or it had the default privileges, as the new one has
+	END IF;
+	EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_fn);
+	FOR v_grant IN
+		SELECT a.grantee, a.is_grantable FROM aclexplode(v_acl::aclitem[]) AS a
+		WHERE a.privilege_type = 'EXECUTE'
+	LOOP
+		EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s%s', v_fn,
+			CASE WHEN v_grant.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(v_grant.grantee)) END,
+			CASE WHEN v_grant.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+	END LOOP;
+	PERFORM set_config('sluice_pgstore.take_acl', '', true);
+END
+$$;
+
 -- {{.Peek}} reports a bucket as a take of cost 1 would see it, without
 -- locking, writing or creating anything: the whole of sluice.Store.Peek.
 CREATE OR REPLACE FUNCTION {{.Peek}}(
@@ -350,12 +420,21 @@ $$;
 -- locked by a decision in progress are skipped, not waited for; the condition
 -- is checked again on the row version being deleted. A full bucket is the
 -- same as a missing one, so deleting it changes no decision.
+--
+-- The transaction commits without waiting for its WAL to reach the disk
+-- (synchronous_commit = off, for this transaction only): a crash may bring
+-- back the rows of its last sweeps, full buckets and expired request IDs,
+-- which decide exactly as missing ones, and the next sweep deletes them
+-- again. WAL is written in order, so a decision committed after the sweep
+-- makes the sweep durable too. A sweep's commit then neither waits for nor
+-- asks for a WAL flush of its own.
 CREATE OR REPLACE FUNCTION {{.Sweep}}(p_now bigint, p_limit integer,
 	OUT o_buckets bigint, OUT o_request_ids bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
 	v_now bigint := coalesce(p_now, {{.Clock}}());
 BEGIN
+	PERFORM set_config('synchronous_commit', 'off', true);
 	DELETE FROM {{.Buckets}}
 	WHERE ctid = ANY (ARRAY(
 		SELECT ctid FROM {{.Buckets}} WHERE full_at <= v_now

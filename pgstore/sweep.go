@@ -14,7 +14,8 @@ type Swept struct {
 	RequestIDs int64
 }
 
-// Stats are counters of a Store's sweeping since New.
+// Stats are counters of a Store since New: what its sweeps deleted, and
+// how its decisions (Take) waited for bucket row locks.
 type Stats struct {
 	// SweptBuckets is the number of full buckets deleted.
 	SweptBuckets uint64
@@ -25,6 +26,21 @@ type Stats struct {
 	// LastSweepError is the error of the latest failed background sweep,
 	// or nil if none failed.
 	LastSweepError error
+	// LockWaitSeconds is the total time, in seconds, that decisions waited
+	// for bucket row locks held by other transactions (other decisions on
+	// the same key, a sweep deleting the bucket, or any other session),
+	// measured by the database around its locking statements
+	// (clock_timestamp(), microsecond resolution). A decision that failed
+	// adds nothing, including one that gave up at LockTimeout.
+	LockWaitSeconds float64
+	// LockWaits is the number of decisions that waited at all for a
+	// bucket row lock (a wait of at least 1µs) and then decided.
+	LockWaits uint64
+	// LockTimeouts is the number of decisions that failed because the lock
+	// timeout (Options.LockTimeout, SQLSTATE 55P03) expired; each returned
+	// an error wrapping ErrUnavailable. Each of them waited about
+	// LockTimeout, which LockWaitSeconds does not include.
+	LockTimeouts uint64
 }
 
 // Stats returns the store's counters. It is safe to call concurrently.
@@ -33,6 +49,9 @@ func (s *Store) Stats() Stats {
 		SweptBuckets:    s.sweptBuckets.Load(),
 		SweptRequestIDs: s.sweptIDs.Load(),
 		SweepErrors:     s.sweepErrors.Load(),
+		LockWaitSeconds: float64(s.lockWaitMicros.Load()) / 1e6,
+		LockWaits:       s.lockWaits.Load(),
+		LockTimeouts:    s.lockTimeouts.Load(),
 	}
 	if p := s.lastSweepErr.Load(); p != nil {
 		st.LastSweepError = *p
@@ -43,18 +62,22 @@ func (s *Store) Stats() Stats {
 // Sweep deletes the buckets that are full and the request IDs that have
 // expired at the store's time (the database clock, or Options.Now), in
 // statements of at most Options.SweepBatch rows of each table, until a
-// statement finds fewer. Deleting a full bucket changes no decision: a
-// missing bucket starts full. Rows locked by decisions in progress are left
-// for the next sweep. The background sweeper calls Sweep every
+// statement finds fewer. After each full batch it pauses as
+// Options.SweepPauseRatio says. Deleting a full bucket changes no decision:
+// a missing bucket starts full. Rows locked by decisions in progress are
+// left for the next sweep. The background sweeper calls Sweep every
 // Options.SweepInterval; call it directly when that is disabled. It returns
-// what it deleted, also on error (which wraps ErrUnavailable).
+// what it deleted, also on error (which wraps ErrUnavailable); ctx ending
+// during a pause is such an error.
 func (s *Store) Sweep(ctx context.Context) (Swept, error) {
 	var total Swept
 	for {
 		var b, ids int64
+		start := time.Now()
 		if err := s.pool.QueryRow(ctx, s.sweepSQL, s.nowMicros(), s.batch).Scan(&b, &ids); err != nil {
 			return total, s.unavailable("sweep", err)
 		}
+		took := time.Since(start)
 		total.Buckets += b
 		total.RequestIDs += ids
 		s.sweptBuckets.Add(uint64(b))
@@ -62,10 +85,25 @@ func (s *Store) Sweep(ctx context.Context) (Swept, error) {
 		if b < int64(s.batch) && ids < int64(s.batch) {
 			return total, nil
 		}
-		if err := ctx.Err(); err != nil {
+		if err := s.pauseAfter(ctx, took); err != nil {
 			return total, fmt.Errorf("%w: sweep: %w", ErrUnavailable, err)
 		}
 	}
+}
+
+// pauseAfter waits for s.pause times took, at most maxSweepPause, or until
+// ctx ends, and returns ctx's error.
+func (s *Store) pauseAfter(ctx context.Context, took time.Duration) error {
+	if s.pause <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(time.Duration(min(float64(took)*s.pause, float64(maxSweepPause))))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return ctx.Err()
 }
 
 // sweeper runs Sweep every interval until ctx ends, then closes s.done.

@@ -26,14 +26,18 @@ const (
 // full at the store's (explicit) time, then makes a fixed number of
 // decisions (16,000 on spread keys, 4,000 on one hot key) from 16 concurrent
 // callers, either with no sweep running ("idle") or while Sweep runs over
-// and over in another goroutine until the 200,000 rows are gone
-// ("sweeping"). It reports p50, p99 and max decision latency and
-// decisions/s; for "sweeping" these are of the decisions that started
-// before the sweep ended (%in-sweep of them), over the sweep's duration
-// (sweep-s), and rows-swept counts what it deleted. The pool has 16
-// connections for the callers and one for the sweeper; synchronous_commit
-// is on (the server's default). Each of the b.N rounds fills a fresh
-// table and takes several seconds, so run it once:
+// and over in another goroutine until the 200,000 rows are gone: paced by
+// the default Options.SweepPauseRatio ("sweeping"), or with no pause
+// ("sweeping-unpaced", SweepPauseRatio -1). It reports p50, p99 and max
+// decision latency and decisions/s; for the sweeping modes these are of
+// the decisions that started before the sweep ended (%in-sweep of them),
+// over the time both ran, and it reports how long the sweep took
+// (sweep-s) and what it deleted (rows-swept). %lock-waits is the share of
+// all decisions that waited for their bucket's row lock (Stats.LockWaits)
+// and lock-wait-ms their mean wait. The pool has 16 connections for the
+// callers and one for the sweeper; synchronous_commit is on (the server's
+// default). Each of the b.N rounds fills a fresh table and takes several
+// seconds, so run it once:
 //
 //	go test -run '^$' -bench BenchmarkTakeDuringSweep -benchtime 1x ./pgstore/
 func BenchmarkTakeDuringSweep(b *testing.B) {
@@ -50,13 +54,17 @@ func BenchmarkTakeDuringSweep(b *testing.B) {
 		if keys == 1 {
 			name, decisions = "hot", 4_000
 		}
-		for _, sweeping := range []bool{false, true} {
-			mode := "idle"
-			if sweeping {
-				mode = "sweeping"
-			}
-			b.Run(name+"/"+mode, func(b *testing.B) {
-				benchTakeDuringSweep(b, pool, keys, decisions, sweeping)
+		for _, mode := range []struct {
+			name     string
+			sweeping bool
+			pause    float64 // Options.SweepPauseRatio
+		}{
+			{"idle", false, 0},
+			{"sweeping-unpaced", true, -1},
+			{"sweeping", true, 0},
+		} {
+			b.Run(name+"/"+mode.name, func(b *testing.B) {
+				benchTakeDuringSweep(b, pool, keys, decisions, mode.sweeping, mode.pause)
 			})
 		}
 	}
@@ -64,28 +72,35 @@ func BenchmarkTakeDuringSweep(b *testing.B) {
 
 // benchTakeDuringSweep runs b.N rounds of the workload, each on a fresh
 // table, and reports the metrics of all of them.
-func benchTakeDuringSweep(b *testing.B, pool *pgxpool.Pool, keys, decisions int, sweeping bool) {
+func benchTakeDuringSweep(b *testing.B, pool *pgxpool.Pool, keys, decisions int, sweeping bool, pause float64) {
 	b.StopTimer()
 	var (
 		all, measured             []sample
 		elapsed, window, sweepDur time.Duration
 		swept                     int64
+		lockWaits                 uint64
+		lockWaitSeconds           float64
 	)
 	for range b.N {
-		r := sweepRound(b, pool, keys, decisions, sweeping)
+		r := sweepRound(b, pool, keys, decisions, sweeping, pause)
 		all = append(all, r.samples...)
 		elapsed += r.elapsed
 		swept += r.swept
 		sweepDur += r.sweepDur
+		window += min(r.sweepDur, r.elapsed)
+		lockWaits += r.stats.LockWaits
+		lockWaitSeconds += r.stats.LockWaitSeconds
 	}
-	measured, window = all, elapsed
+	measured = all
 	if sweeping {
-		measured, window = nil, sweepDur
+		measured = nil
 		for _, x := range all {
 			if x.inSweep {
 				measured = append(measured, x)
 			}
 		}
+	} else {
+		window = elapsed
 	}
 	if len(measured) == 0 {
 		b.Fatal("no decisions measured")
@@ -100,6 +115,10 @@ func benchTakeDuringSweep(b *testing.B, pool *pgxpool.Pool, keys, decisions int,
 	b.ReportMetric(float64(measured[len(measured)-1].d)/float64(time.Millisecond), "max-ms")
 	b.ReportMetric(float64(len(measured))/window.Seconds(), "decisions/s")
 	b.ReportMetric(float64(swept)/float64(b.N), "rows-swept")
+	b.ReportMetric(float64(lockWaits)/float64(len(all))*100, "%lock-waits")
+	if lockWaits > 0 {
+		b.ReportMetric(lockWaitSeconds/float64(lockWaits)*1000, "lock-wait-ms")
+	}
 	b.Logf("%d rounds: %d decisions in %v", b.N, len(all), elapsed.Round(time.Millisecond))
 	if sweeping {
 		b.ReportMetric(sweepDur.Seconds()/float64(b.N), "sweep-s")
@@ -114,17 +133,18 @@ type round struct {
 	elapsed  time.Duration // of all the decisions
 	swept    int64
 	sweepDur time.Duration // from the start of the decisions to the end of the sweep
+	stats    pgstore.Stats // the store's, at the end
 }
 
 // sweepRound fills a fresh table and measures the decisions on it, with
 // the timer running only during the decisions.
-func sweepRound(b *testing.B, pool *pgxpool.Pool, keys, decisions int, sweeping bool) round {
+func sweepRound(b *testing.B, pool *pgxpool.Pool, keys, decisions int, sweeping bool, pause float64) round {
 	ctx := context.Background()
 	// The store's clock is the real one shifted by shift, so that the
 	// filler rows can be written an hour in the past.
 	var shift atomic.Int64
 	now := func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }
-	s, table := newStoreOn(b, pool, pgstore.Options{Now: now, StatementTimeout: 10 * time.Second, LockTimeout: 10 * time.Second})
+	s, table := newStoreOn(b, pool, pgstore.Options{Now: now, StatementTimeout: 10 * time.Second, LockTimeout: 10 * time.Second, SweepPauseRatio: pause})
 
 	// One real decision an hour ago under 10 tokens/s leaves a bucket
 	// full 100ms later; clone its row 200,000 times.
@@ -230,7 +250,7 @@ func sweepRound(b *testing.B, pool *pgxpool.Pool, keys, decisions int, sweeping 
 			b.Errorf("%d filler rows left after the sweep", left)
 		}
 	}
-	return round{samples: slices.Concat(lat[:]...), elapsed: elapsed, swept: swept, sweepDur: sweepDur}
+	return round{samples: slices.Concat(lat[:]...), elapsed: elapsed, swept: swept, sweepDur: sweepDur, stats: s.Stats()}
 }
 
 // sample is one decision's latency, and whether it started before the

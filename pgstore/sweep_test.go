@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/pgstore"
 	"github.com/sluicehq/sluice/sluicetest"
@@ -279,5 +281,112 @@ func TestSweeper(t *testing.T) {
 	}
 	if err := s.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestSweepPause: after a full batch, Sweep pauses for SweepPauseRatio
+// times the batch's duration (here capped at a minute) before the next
+// one, a pause that the context and Close cut short; with a negative
+// ratio it does not pause.
+func TestSweepPause(t *testing.T) {
+	clock := sluicetest.NewClock(epoch)
+	o := pgstore.Options{Now: clock.Now, SweepBatch: 2, SweepPauseRatio: 1e9}
+	paced, table := newStoreTable(t, o)
+	ctx := context.Background()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)}
+	fill := func(n int) {
+		t.Helper()
+		clock.Set(epoch)
+		for i := range n {
+			if _, err := paced.Take(ctx, sluice.Request{Key: "k" + strconv.Itoa(i), Cost: 10, Limit: l}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		clock.Set(epoch.Add(time.Second)) // all full
+	}
+	fill(6)
+	const deadline = 2 * time.Second
+	dctx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	start := time.Now()
+	swept, err := paced.Sweep(dctx)
+	elapsed := time.Since(start)
+	if !errors.Is(err, pgstore.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || swept.Buckets != 2 {
+		t.Fatalf("Sweep with a pause ratio of 1e9 and a %v deadline = %+v, %v after %v; want 2 buckets (one batch) and %v wrapping %v",
+			deadline, swept, err, elapsed, pgstore.ErrUnavailable, context.DeadlineExceeded)
+	}
+	if elapsed > deadline+5*time.Second {
+		t.Errorf("Sweep returned %v after its deadline of %v", elapsed, deadline)
+	}
+
+	o.Schema, o.Table, o.SweepPauseRatio = testSchema, table, -1
+	unpaced, err := pgstore.New(ctx, testPool, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unpaced.Close()
+	if swept, err := unpaced.Sweep(ctx); err != nil || swept.Buckets != 4 {
+		t.Fatalf("Sweep without pauses = %+v, %v; want the 4 buckets left", swept, err)
+	}
+
+	// The background sweeper, paused after its first batch, stops at Close.
+	fill(6)
+	o.SweepPauseRatio, o.SweepInterval = 1e9, time.Millisecond
+	background, err := pgstore.New(ctx, testPool, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer background.Close()
+	for background.Stats().SweptBuckets < 2 {
+		if time.Since(start) > time.Minute {
+			t.Fatalf("the background sweeper deleted nothing in a minute")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if st := background.Stats(); st.SweptBuckets != 2 {
+		t.Fatalf("during its pause, the background sweeper deleted %d buckets; want 2 (one batch)", st.SweptBuckets)
+	}
+	start = time.Now()
+	if err := background.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if elapsed := time.Since(start); elapsed > 5*time.Second {
+		t.Errorf("Close during a sweep's pause took %v", elapsed)
+	}
+	if st := background.Stats(); st.SweepErrors != 0 {
+		t.Errorf("Close during a pause counted as a failed sweep: Stats() = %+v", st)
+	}
+}
+
+// TestSweepSessionSettings: a sweep commits with synchronous_commit off
+// for its own transactions only; the pooled session keeps its setting.
+func TestSweepSessionSettings(t *testing.T) {
+	ctx := context.Background()
+	cfg := testPool.Config()
+	cfg.MaxConns = 1 // the session the sweep ran in
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	clock := sluicetest.NewClock(epoch)
+	s, _ := newStoreOn(t, pool, pgstore.Options{Now: clock.Now, SweepBatch: 1, SweepPauseRatio: -1})
+	for i := range 3 {
+		if _, err := s.Take(ctx, sluice.Request{Key: "k" + strconv.Itoa(i), Cost: 1, Limit: testLimit}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Set(epoch.Add(time.Hour))
+	if swept, err := s.Sweep(ctx); err != nil || swept.Buckets != 3 {
+		t.Fatalf("Sweep() = %+v, %v; want 3 buckets", swept, err)
+	}
+	var sc string
+	if err := pool.QueryRow(ctx, "SELECT current_setting('synchronous_commit')").Scan(&sc); err != nil {
+		t.Fatal(err)
+	}
+	if sc != "on" {
+		t.Fatalf("after a sweep, the pooled session has synchronous_commit %q; want its own \"on\"", sc)
 	}
 }
