@@ -16,8 +16,8 @@ var breakerStates = []guard.BreakerState{guard.BreakerClosed, guard.BreakerOpen,
 //   - <ns>_store_duration_seconds{op}: histogram of the time each call
 //     to the wrapped store took, failed calls included.
 //   - <ns>_store_errors_total{op, kind}: counter of failed store calls by
-//     Kind ("timeout", "unavailable", "server", "other"; also "invalid"
-//     and "refused" for the errors a store answers with).
+//     Kind ("timeout", "unavailable", "script", "server", "other"; also
+//     "invalid" and "refused" for the errors a store answers with).
 //   - <ns>_degraded_total{policy, reason}: counter of decisions made by
 //     the policy ("local", "closed", "open"), by reason: "breaker_open",
 //     or the Kind of the store failure.
@@ -39,7 +39,7 @@ func GuardHooks(reg prometheus.Registerer, o Options) (guard.Hooks, error) {
 	}, []string{"op"})
 	storeErrors := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: o.Namespace, Name: "store_errors_total", ConstLabels: o.ConstLabels,
-		Help: "Failed calls to the guarded store, by operation and kind (timeout, unavailable, server, other, invalid, refused).",
+		Help: "Failed calls to the guarded store, by operation and kind (timeout, unavailable, script, server, other, invalid, refused).",
 	}, []string{"op", "kind"})
 	degraded := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: o.Namespace, Name: "degraded_total", ConstLabels: o.ConstLabels,
@@ -59,7 +59,7 @@ func GuardHooks(reg prometheus.Registerer, o Options) (guard.Hooks, error) {
 	var durations [2]prometheus.Observer
 	for i, op := range ops {
 		durations[i] = duration.WithLabelValues(op.String())
-		for _, k := range []string{KindTimeout, KindUnavailable, KindServer, KindOther} {
+		for _, k := range []string{KindTimeout, KindUnavailable, KindScript, KindServer, KindOther} {
 			storeErrors.WithLabelValues(op.String(), k)
 		}
 	}

@@ -20,8 +20,11 @@ import (
 //
 // Register several stores in one registry with distinct
 // Options.ConstLabels (for example {"store": "local"}). It returns an error
-// if reg is nil or refuses the collector.
+// if reg or stats is nil or reg refuses the collector.
 func RegisterMemstore(reg prometheus.Registerer, o Options, stats func() memstore.Stats) error {
+	if stats == nil {
+		return errNilStats
+	}
 	o.defaults()
 	name := func(n string) string { return prometheus.BuildFQName(o.Namespace, "memstore", n) }
 	c := &memstoreCollector{

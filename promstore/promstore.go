@@ -10,6 +10,13 @@
 //   - RegisterMemstore exports a memstore.Store's counters: live buckets,
 //     evictions by reason, refused keys.
 //
+// The counters of the shared stores are exported by subpackages, so that a
+// program compiles a Redis or PostgreSQL client only if it uses one:
+// redisprom.Register for a redisstore.Store's (script loads), and
+// pgprom.Register for a pgstore.Store's (sweeps, row-lock waits, lock
+// timeouts). This package imports neither store, nor go-redis, nor pgx: Kind
+// recognises their errors by their methods.
+//
 // No metric has a label per key or per user: the number of series is fixed,
 // whatever the traffic. Metric names and labels are listed in
 // docs/failure.md. The library's other packages do not import Prometheus;
@@ -20,6 +27,7 @@
 //	hooks, err := promstore.GuardHooks(reg, promstore.Options{})
 //	g := guard.New(redisStore, guard.Options{Policy: guard.FailLocal, LocalDivisor: 4, Hooks: hooks})
 //	store, err := promstore.New(g, reg, promstore.Options{})
+//	err = redisprom.Register(reg, promstore.Options{}, redisStore.Stats)
 package promstore
 
 import (
@@ -28,6 +36,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -56,6 +65,7 @@ const (
 	KindCanceled    = "canceled"
 	KindTimeout     = "timeout"
 	KindUnavailable = "unavailable"
+	KindScript      = "script"
 	KindServer      = "server"
 	KindBreakerOpen = "breaker_open"
 	KindOther       = "other"
@@ -80,10 +90,9 @@ type Options struct {
 	// histogram. Default 0, .05, .1, .25, .5, .75, .9, 1.
 	RemainingBuckets []float64
 	// Kind classifies errors for the kind label; it may return "" to fall
-	// back to the built-in Kind. Use it for errors of stores this package
-	// does not know, for example pgstore.ErrUnavailable → "unavailable".
-	// Default nil: Kind alone. Keep the set of values it returns small and
-	// fixed.
+	// back to the built-in Kind. Use it for errors Kind does not know, such
+	// as the sentinels of a store of your own. Default nil: Kind alone.
+	// Keep the set of values it returns small and fixed.
 	Kind func(error) string
 }
 
@@ -116,6 +125,29 @@ type redisError interface {
 	RedisError()
 }
 
+// scriptError is what redisstore's errors raised by or about its Lua script
+// implement (a script runtime error reply, a reply that is not a
+// decision); it is matched by method, like redisError.
+type scriptError interface {
+	error
+	ScriptError()
+}
+
+// sqlError is what PostgreSQL errors implement (pgx's *pgconn.PgError); it
+// is matched by method, like redisError.
+type sqlError interface {
+	error
+	SQLState() string
+}
+
+// SQLSTATE codes and classes Kind tells apart; the others are "server".
+const (
+	sqlLockNotAvailable = "55P03" // lock_timeout expired
+	sqlQueryCanceled    = "57014" // statement_timeout expired (or a cancel request, which pgx does not send for a context)
+	sqlConnection       = "08"    // class: connection exception
+	sqlShutdown         = "57P0"  // 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now, ...
+)
+
 // Kind classifies an error of a sluice.Store, or the cause of a degraded
 // decision, for the kind label:
 //
@@ -123,20 +155,37 @@ type redisError interface {
 //     ErrInvalidLimit, ErrInvalidRequestID, ErrRequestIDConflict);
 //   - "refused": sluice.ErrTooManyKeys;
 //   - "breaker_open": guard.ErrBreakerOpen (no store call was made);
-//   - "timeout": guard.ErrTimeout, a deadline, a network timeout;
+//   - "timeout": guard.ErrTimeout, a deadline, a network timeout, or a
+//     PostgreSQL lock or statement timeout (SQLSTATE 55P03
+//     lock_not_available, 57014 query_canceled);
 //   - "canceled": context.Canceled (the caller gave up);
-//   - "server": the store's server answered with an error (a Redis error
-//     reply: a script error, OOM, READONLY, LOADING, CLUSTERDOWN...);
+//   - "script": the store's script failed or answered with something other
+//     than a decision: an error in whose chain a value has a ScriptError()
+//     method, as redisstore's script errors do;
 //   - "unavailable": the server could not be reached or the connection
-//     broke (refused, reset, closed, EOF);
+//     broke (refused, reset, closed, EOF), or PostgreSQL reported so:
+//     SQLSTATE class 08 (connection exception) or 57P01 to 57P05 (admin
+//     or crash shutdown, cannot connect now, database dropped, idle
+//     session timeout);
+//   - "server": the store's server answered with another error: a Redis
+//     error reply (OOM, READONLY, LOADING, CLUSTERDOWN...), a PostgreSQL
+//     error with any other SQLSTATE (a missing table, a serialization
+//     failure, too many connections...);
 //   - "other": anything else.
 //
-// It returns "" for a nil error.
+// The first that matches, in this order, is the kind. Errors are matched
+// anywhere in their chain (errors.Is, errors.As), so the sentinel a store
+// wraps its failures in (pgstore.ErrUnavailable) does not hide their cause.
+// Redis error replies are recognised by a RedisError() method, PostgreSQL
+// errors by a SQLState() string method (*pgconn.PgError has one), so that
+// this package imports neither client. It returns "" for a nil error.
 func Kind(err error) string {
 	var (
-		netErr   net.Error
-		redisErr redisError
-		opErr    *net.OpError
+		netErr    net.Error
+		scriptErr scriptError
+		redisErr  redisError
+		sqlErr    sqlError
+		opErr     *net.OpError
 	)
 	switch {
 	case err == nil:
@@ -148,19 +197,39 @@ func Kind(err error) string {
 	case errors.Is(err, guard.ErrBreakerOpen):
 		return KindBreakerOpen
 	case errors.Is(err, guard.ErrTimeout), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
+		errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout(),
+		errors.As(err, &sqlErr) && sqlKind(sqlErr.SQLState()) == KindTimeout:
 		return KindTimeout
 	case errors.Is(err, context.Canceled):
 		return KindCanceled
-	case errors.As(err, &redisErr):
-		return KindServer
+	case errors.As(err, &scriptErr):
+		return KindScript
 	case errors.As(err, &opErr), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNREFUSED),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
 		return KindUnavailable
+	case errors.As(err, &redisErr):
+		return KindServer
+	case errors.As(err, &sqlErr):
+		return sqlKind(sqlErr.SQLState())
 	}
 	return KindOther
 }
+
+// sqlKind classifies a PostgreSQL error by its SQLSTATE code: "timeout",
+// "unavailable" or "server".
+func sqlKind(code string) string {
+	switch {
+	case code == sqlLockNotAvailable, code == sqlQueryCanceled:
+		return KindTimeout
+	case strings.HasPrefix(code, sqlConnection), strings.HasPrefix(code, sqlShutdown):
+		return KindUnavailable
+	}
+	return KindServer
+}
+
+// errNilStats is the error of RegisterMemstore given no stats function.
+var errNilStats = errors.New("promstore: the stats function is nil; pass the store's Stats method")
 
 // register registers every collector with reg, or none: on an error it
 // unregisters those it had registered.
@@ -223,7 +292,7 @@ func New(next sluice.Store, reg prometheus.Registerer, o Options) (*Store, error
 	}, []string{"op", "result"})
 	errs := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: o.Namespace, Name: "errors_total", ConstLabels: o.ConstLabels,
-		Help: "Errors returned to callers, by operation and kind (invalid, refused, canceled, timeout, unavailable, server, other).",
+		Help: "Errors returned to callers, by operation and kind (invalid, refused, canceled, timeout, unavailable, script, server, other).",
 	}, []string{"op", "kind"})
 	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: o.Namespace, Name: "decision_duration_seconds", ConstLabels: o.ConstLabels,
@@ -248,7 +317,7 @@ func New(next sluice.Store, reg prometheus.Registerer, o Options) (*Store, error
 			s.decisions[i][j] = decisions.WithLabelValues(op.String(), res)
 		}
 		s.duration[i] = duration.WithLabelValues(op.String())
-		for _, k := range []string{KindInvalid, KindRefused, KindCanceled, KindTimeout, KindUnavailable, KindServer, KindOther} {
+		for _, k := range []string{KindInvalid, KindRefused, KindCanceled, KindTimeout, KindUnavailable, KindScript, KindServer, KindOther} {
 			errs.WithLabelValues(op.String(), k) // exported at zero from the start
 		}
 	}

@@ -15,11 +15,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/guard"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/promstore"
+	"github.com/sluicehq/sluice/promstore/internal/promtest"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -81,42 +81,6 @@ func newMemstore(t *testing.T, o memstore.Options) *memstore.Store {
 	s := memstore.New(o)
 	t.Cleanup(func() { s.Close() })
 	return s
-}
-
-// value returns the value of the counter or gauge name{labels} in reg, or
-// the sample count of a histogram; -1 if there is no such series.
-func value(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			got := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				got[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if got[k] != v {
-					continue metrics
-				}
-			}
-			switch mf.GetType() {
-			case dto.MetricType_COUNTER:
-				return m.GetCounter().GetValue()
-			case dto.MetricType_GAUGE:
-				return m.GetGauge().GetValue()
-			case dto.MetricType_HISTOGRAM:
-				return float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return -1
 }
 
 var limit = sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
@@ -213,11 +177,11 @@ sluice_replays_total{limiter="open"} 1
 		{promstore.KindTimeout, 0},
 		{promstore.KindOther, 0},
 	} {
-		if got := value(t, reg, "sluice_errors_total", map[string]string{"op": "take", "kind": tt.kind, "limiter": "open"}); got != tt.want {
+		if got := promtest.Value(t, reg, "sluice_errors_total", map[string]string{"op": "take", "kind": tt.kind, "limiter": "open"}); got != tt.want {
 			t.Errorf("sluice_errors_total{op=take,kind=%s} = %v, want %v", tt.kind, got, tt.want)
 		}
 	}
-	if got := value(t, reg, "sluice_decision_duration_seconds", map[string]string{"op": "take", "limiter": "open"}); got != 8 {
+	if got := promtest.Value(t, reg, "sluice_decision_duration_seconds", map[string]string{"op": "take", "limiter": "open"}); got != 8 {
 		t.Errorf("sluice_decision_duration_seconds{op=take} has %v samples, want 8", got)
 	}
 }
@@ -293,10 +257,12 @@ sluice_breaker_transitions_total{to="open"} 2
 # TYPE sluice_degraded_total counter
 sluice_degraded_total{policy="closed",reason="breaker_open"} 1
 sluice_degraded_total{policy="closed",reason="unavailable"} 3
-# HELP sluice_store_errors_total Failed calls to the guarded store, by operation and kind (timeout, unavailable, server, other, invalid, refused).
+# HELP sluice_store_errors_total Failed calls to the guarded store, by operation and kind (timeout, unavailable, script, server, other, invalid, refused).
 # TYPE sluice_store_errors_total counter
 sluice_store_errors_total{kind="other",op="peek"} 0
 sluice_store_errors_total{kind="other",op="take"} 0
+sluice_store_errors_total{kind="script",op="peek"} 0
+sluice_store_errors_total{kind="script",op="take"} 0
 sluice_store_errors_total{kind="server",op="peek"} 0
 sluice_store_errors_total{kind="server",op="take"} 0
 sluice_store_errors_total{kind="timeout",op="peek"} 0
@@ -307,7 +273,7 @@ sluice_store_errors_total{kind="unavailable",op="take"} 3
 	if err != nil {
 		t.Error(err)
 	}
-	if got := value(t, reg, "sluice_store_duration_seconds", map[string]string{"op": "take"}); got != 5 {
+	if got := promtest.Value(t, reg, "sluice_store_duration_seconds", map[string]string{"op": "take"}); got != 5 {
 		t.Errorf("sluice_store_duration_seconds{op=take} has %v samples, want 5 (every call that reached the store)", got)
 	}
 }
@@ -317,6 +283,25 @@ type redisLike string
 
 func (e redisLike) Error() string { return string(e) }
 func (redisLike) RedisError()     {}
+
+// scriptLike is an error about a store's script, as redisstore wraps
+// them: here around the Redis error reply of a failed script.
+type scriptLike struct{ err error }
+
+func (e scriptLike) Error() string { return "script: " + e.err.Error() }
+func (e scriptLike) Unwrap() error { return e.err }
+func (scriptLike) ScriptError()    {}
+
+// sqlLike is a PostgreSQL error as pgx returns it (*pgconn.PgError): its
+// SQLState method returns the SQLSTATE code.
+type sqlLike string
+
+func (e sqlLike) Error() string    { return "ERROR: something (SQLSTATE " + string(e) + ")" }
+func (e sqlLike) SQLState() string { return string(e) }
+
+// errPgUnavailable stands for pgstore.ErrUnavailable, which wraps every
+// failure of the PostgreSQL store.
+var errPgUnavailable = errors.New("pgstore: database unavailable")
 
 type timeoutErr struct{}
 
@@ -341,10 +326,26 @@ func TestKind(t *testing.T) {
 		{&net.OpError{Op: "read", Err: timeoutErr{}}, promstore.KindTimeout},
 		{fmt.Errorf("x: %w", context.Canceled), promstore.KindCanceled},
 		{fmt.Errorf("redisstore: %w", redisLike("OOM command not allowed")), promstore.KindServer},
+		{fmt.Errorf("redisstore: %w", scriptLike{redisLike("ERR user_script:12: attempt to compare nil with number")}), promstore.KindScript},
+		{fmt.Errorf("redisstore: %w", scriptLike{errors.New(`reply ["ok"] is not a decision`)}), promstore.KindScript},
 		{fmt.Errorf("redisstore: %w", &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}), promstore.KindUnavailable},
 		{fmt.Errorf("redisstore: %w", io.EOF), promstore.KindUnavailable},
 		{net.ErrClosed, promstore.KindUnavailable},
 		{syscall.ECONNRESET, promstore.KindUnavailable},
+		{fmt.Errorf("%w: take: %w", errPgUnavailable, sqlLike("55P03")), promstore.KindTimeout},     // lock_not_available
+		{fmt.Errorf("%w: take: %w", errPgUnavailable, sqlLike("57014")), promstore.KindTimeout},     // query_canceled
+		{fmt.Errorf("%w: take: %w", errPgUnavailable, sqlLike("08006")), promstore.KindUnavailable}, // connection_failure
+		{fmt.Errorf("%w: take: %w", errPgUnavailable, sqlLike("08P01")), promstore.KindUnavailable}, // protocol_violation
+		{fmt.Errorf("%w: take: %w", errPgUnavailable, sqlLike("57P01")), promstore.KindUnavailable}, // admin_shutdown
+		{fmt.Errorf("%w: take: %w", errPgUnavailable, sqlLike("57P02")), promstore.KindUnavailable}, // crash_shutdown
+		{fmt.Errorf("%w: take: %w", errPgUnavailable, sqlLike("57P03")), promstore.KindUnavailable}, // cannot_connect_now
+		{fmt.Errorf("%w: take: %w", errPgUnavailable, sqlLike("57000")), promstore.KindServer},      // operator_intervention
+		{fmt.Errorf("%w: take: %w", errPgUnavailable, sqlLike("42P01")), promstore.KindServer},      // undefined_table
+		{fmt.Errorf("%w: take: %w", errPgUnavailable, sqlLike("40001")), promstore.KindServer},      // serialization_failure
+		{fmt.Errorf("%w: take: %w", errPgUnavailable, sqlLike("53300")), promstore.KindServer},      // too_many_connections
+		{fmt.Errorf("%w: take: %w", errPgUnavailable, context.DeadlineExceeded), promstore.KindTimeout},
+		{fmt.Errorf("%w: take: %w", errPgUnavailable, context.Canceled), promstore.KindCanceled},
+		{errPgUnavailable, promstore.KindOther},
 		{errors.New("something"), promstore.KindOther},
 	}
 	for _, tt := range tests {
@@ -367,7 +368,7 @@ func TestKind(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Take(t.Context(), sluice.Request{Key: "k", Cost: 1, Limit: limit})
-	if got := value(t, reg, "sluice_errors_total", map[string]string{"op": "take", "kind": "unavailable"}); got != 1 {
+	if got := promtest.Value(t, reg, "sluice_errors_total", map[string]string{"op": "take", "kind": "unavailable"}); got != 1 {
 		t.Errorf("errors_total{kind=unavailable} = %v with a custom Kind, want 1", got)
 	}
 }
@@ -461,6 +462,9 @@ func TestRegistration(t *testing.T) {
 	}
 	if _, err := promstore.GuardHooks(nil, promstore.Options{}); err == nil {
 		t.Error("GuardHooks with a nil registerer succeeded, want an error")
+	}
+	if err := promstore.RegisterMemstore(prometheus.NewRegistry(), promstore.Options{}, nil); err == nil {
+		t.Error("RegisterMemstore with nil stats succeeded, want an error")
 	}
 	reg := prometheus.NewRegistry()
 	if _, err := promstore.New(ms, reg, promstore.Options{}); err != nil {

@@ -1,0 +1,76 @@
+// Package redisprom exports the counters of a redisstore.Store as
+// Prometheus metrics, in a registry the caller supplies.
+//
+// It is apart from package promstore so that a program that uses only
+// memstore (and promstore for it) never compiles a Redis client: only a
+// program that imports this package, and so redisstore, does.
+//
+// Wire it next to the decision metrics:
+//
+//	store, err := promstore.New(rs, reg, promstore.Options{})
+//	err = redisprom.Register(reg, promstore.Options{}, rs.Stats)
+//
+// Errors of the store's script are counted by promstore.New and
+// promstore.GuardHooks, under the kind "script" (see promstore.Kind).
+package redisprom
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluicehq/sluice/promstore"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// Register registers with reg a collector that reads stats (a
+// redisstore.Store's Stats) at every scrape:
+//
+//   - <ns>_redisstore_script_loads_total: counter of the times a Redis
+//     server did not have the decision script cached (its first use on
+//     that server, a restart, a failover, SCRIPT FLUSH) and the store sent
+//     it in full with EVAL.
+//
+// <ns> is o.Namespace (default promstore.DefaultNamespace, "sluice"), and
+// o.ConstLabels are added to the metric; the other fields of o are not
+// used. One load per server after a deploy, a restart or a failover is
+// expected; a steady rate means the servers keep losing the script, and
+// each load costs the decision that met it a second round trip carrying the
+// whole script.
+//
+// Register several stores in one registry with distinct
+// Options.ConstLabels. It returns an error if reg or stats is nil or reg
+// refuses the collector (the same name and labels registered twice).
+func Register(reg prometheus.Registerer, o promstore.Options, stats func() redisstore.Stats) error {
+	switch {
+	case reg == nil:
+		return errors.New("redisprom: the registerer is nil; pass one explicitly (the global registry is never used)")
+	case stats == nil:
+		return errors.New("redisprom: the stats function is nil; pass the store's Stats method")
+	}
+	ns := o.Namespace
+	if ns == "" {
+		ns = promstore.DefaultNamespace
+	}
+	return reg.Register(&collector{
+		stats: stats,
+		loads: prometheus.NewDesc(prometheus.BuildFQName(ns, "redisstore", "script_loads_total"),
+			"Times a Redis server did not have the decision script cached (first use, restart, failover, SCRIPT FLUSH) and the store sent it in full with EVAL.",
+			nil, o.ConstLabels),
+	})
+}
+
+// collector exports redisstore.Stats as constant metrics, read at scrape
+// time.
+type collector struct {
+	stats func() redisstore.Stats
+	loads *prometheus.Desc
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.loads
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	st := c.stats()
+	ch <- prometheus.MustNewConstMetric(c.loads, prometheus.CounterValue, float64(st.ScriptLoads))
+}
