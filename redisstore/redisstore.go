@@ -418,13 +418,22 @@ func shareID(args []any, anyKey bool) (string, bool) {
 	if len(args) != argN || args[0] != "evalsha" || args[2] != 1 || args[argOp] != "take" {
 		return "", false
 	}
-	var b strings.Builder
+	b := make([]byte, 0, 128)
 	for i, a := range args[argKeys:] {
-		if i := argKeys + i; i != argCost && (i != argKeys || !anyKey) {
-			fmt.Fprint(&b, a, "\x00")
+		if i := argKeys + i; i == argCost || (i == argKeys && anyKey) {
+			continue
 		}
+		switch a := a.(type) {
+		case string:
+			b = append(b, a...)
+		case int64:
+			b = strconv.AppendInt(b, a, 10)
+		default:
+			b = fmt.Append(b, a)
+		}
+		b = append(b, 0)
 	}
-	return b.String(), true
+	return string(b), true
 }
 
 // sharedArgs returns the arguments of one "takes" script call for the
