@@ -311,58 +311,75 @@ local function load(key)
       end
     end
   end
-  return {tokens = tokens, frac = frac, stamp = stamp}
+  return tokens, frac, stamp
 end
 
--- Every bucket, read and checked before the first write: a key met again
--- continues from the state the takes before left it in.
-local buckets, order = {}, {}
-local nkeys = 1
-if op == 'takes' then nkeys = #KEYS end
-for i = 1, nkeys do
-  local key = KEYS[i]
-  if not buckets[key] then
-    buckets[key] = load(key)
-    order[#order + 1] = key
-  end
-end
-
--- The decisions.
-local reply = {}
-for i = 1, #costs do
-  local b, c = buckets[KEYS[i]], costs[i]
-  local allowed = b.tokens >= c -- frac is less than one token
-  if allowed and op ~= 'peek' then b.tokens = b.tokens - c end
+-- decide takes (or, for "peek", tests) c tokens from the level tokens +
+-- frac/p1 and returns whether it allowed, the tokens left, and the waits in
+-- microseconds until c tokens and until full (nil: never).
+local function decide(tokens, frac, c)
+  local allowed = tokens >= c -- frac is less than one token
+  if allowed and op ~= 'peek' then tokens = tokens - c end
   local retry = 0
   if not allowed then
-    retry = wait(b.tokens, b.frac, n1, p1, c)
+    retry = wait(tokens, frac, n1, p1, c)
   end
-  b.reset = wait(b.tokens, b.frac, n1, p1, C)
-  local j = #reply
-  reply[j + 1], reply[j + 2], reply[j + 3], reply[j + 4], reply[j + 5] =
-    'ok', allowed and '1' or '0', str(b.tokens), str(retry), str(b.reset)
-end
-if op == 'peek' then
-  return reply
+  return allowed, tokens, retry, wait(tokens, frac, n1, p1, C)
 end
 
--- The writes, with arguments known to be valid. The bucket expires 1 ms
+-- store writes a bucket, with arguments known to be valid. It expires 1 ms
 -- after it is full again (rounded up to ms; the extra ms covers a server
 -- whose expiry clock was read before TIME), and never if it never refills.
--- A denial writes too: its stamp must hold if the clock later steps back.
-for _, key in ipairs(order) do
-  local b = buckets[key]
-  local value = limit .. ' ' .. str(b.tokens) .. ' ' .. str(b.frac) .. ' ' .. str(b.stamp)
-  if b.reset == nil then
+local function store(key, tokens, frac, stamp, reset)
+  local value = limitSp .. str(tokens) .. ' ' .. str(frac) .. ' ' .. str(stamp)
+  if reset == nil then
     redis.call('SET', key, value)
   else
-    local ttl = ceilms(b.stamp - now, b.reset) + 1
+    local ttl = ceilms(stamp - now, reset) + 1
     redis.call('SET', key, value, 'PX', str(math.max(ttl, minTTL)))
   end
 end
-if withID then
-  local rec = table.concat({str(now), ARGV[8], ARGV[3], ARGV[4], ARGV[5],
-    reply[2], reply[3], reply[4], reply[5]}, ' ')
-  redis.call('SET', KEYS[2], rec, 'PX', str(math.max(ceilms(idTTL, 0) + 1, minTTL)))
+
+-- One take or peek. A denial writes too: its stamp must hold if the clock
+-- later steps back.
+if op ~= 'takes' then
+  local tokens, frac, stamp = load(KEYS[1])
+  local allowed, left, retry, reset = decide(tokens, frac, cost)
+  local reply = {'ok', allowed and '1' or '0', str(left), str(retry), str(reset)}
+  if op == 'peek' then
+    return reply
+  end
+  store(KEYS[1], left, frac, stamp, reset)
+  if withID then
+    local rec = table.concat({str(now), ARGV[8], ARGV[3], ARGV[4], ARGV[5],
+      reply[2], reply[3], reply[4], reply[5]}, ' ')
+    redis.call('SET', KEYS[2], rec, 'PX', str(math.max(ceilms(idTTL, 0) + 1, minTTL)))
+  end
+  return reply
+end
+
+-- Takes: every bucket read and checked before the first write (K lists
+-- the keys in the order first met, at[key] indexes their levels); a key met
+-- again continues from the level the takes before left.
+local K, at, T, F, S, R = {}, {}, {}, {}, {}, {}
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  if not at[key] then
+    local j = #K + 1
+    K[j], at[key] = key, j
+    T[j], F[j], S[j] = load(key)
+  end
+end
+local reply = {}
+for i = 1, #costs do
+  local j = at[KEYS[i]]
+  local allowed, retry
+  allowed, T[j], retry, R[j] = decide(T[j], F[j], costs[i])
+  local r = 5 * (i - 1)
+  reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] =
+    'ok', allowed and '1' or '0', str(T[j]), str(retry), str(R[j])
+end
+for j = 1, #K do
+  store(K[j], T[j], F[j], S[j], R[j])
 end
 return reply
