@@ -350,13 +350,11 @@ func (s *Store) run(ctx context.Context, keys []string, op string, now any, pl p
 		args = append(args, k)
 	}
 	args = append(args, op, now, pl.c, pl.n, pl.p, pl.n1, pl.p1, cost, int64(s.policy), s.minTTL, idTTL)
-	cmd := decisionCmd{redis.NewCmd(ctx, args...)}
-	err := s.process(ctx, cmd)
+	cmd, err := s.send(ctx, args)
 	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
 		s.scriptLoads.Add(1)
 		args[0], args[1] = "eval", script
-		cmd = decisionCmd{redis.NewCmd(ctx, args...)}
-		err = s.process(ctx, cmd)
+		cmd, err = s.send(ctx, args)
 	}
 	if err != nil {
 		if isScriptError(err) {
@@ -369,6 +367,52 @@ func (s *Store) run(ctx context.Context, keys []string, op string, now any, pl p
 		return nil, &ScriptError{err: fmt.Errorf("reply: %w", err)}
 	}
 	return reply, nil
+}
+
+// Resending a command that Redis refused without running it.
+// The pauses add up to about a second; the caller's context can cut them
+// short.
+const (
+	maxResends  = 24
+	firstResend = time.Millisecond
+	maxResend   = 50 * time.Millisecond
+)
+
+// send sends a script command, and sends it again, up to maxResends times
+// with a doubling pause, while Redis answers with an error that says it did
+// not run it (see refusedUnrun) and ctx allows: a resend of such a command
+// cannot charge twice. Every other outcome is returned at once.
+func (s *Store) send(ctx context.Context, args []any) (decisionCmd, error) {
+	pause := firstResend
+	for resends := 0; ; resends++ {
+		cmd := decisionCmd{redis.NewCmd(ctx, args...)}
+		err := s.process(ctx, cmd)
+		if err == nil || resends == maxResends || !refusedUnrun(err) {
+			return cmd, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return cmd, err
+		case <-t.C:
+		}
+		pause = min(2*pause, maxResend)
+	}
+}
+
+// refusedUnrun reports whether err is an error reply with which Redis
+// refuses a command before running it: another script is running past
+// busy-reply-threshold (BUSY), the server is loading its data (LOADING), a
+// slot is migrating under a multi-key command (TRYAGAIN), the cluster or
+// the master is down (CLUSTERDOWN, MASTERDOWN).
+func refusedUnrun(err error) bool {
+	for _, p := range []string{"BUSY ", "LOADING ", "TRYAGAIN ", "CLUSTERDOWN ", "MASTERDOWN "} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // ScriptError is an error raised by the decision script, or a reply of it

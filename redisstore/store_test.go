@@ -855,3 +855,60 @@ func TestRestartDuringLoad(t *testing.T) {
 		})
 	}
 }
+
+// TestResendWhenRefusedUnrun: while another script runs past
+// busy-reply-threshold, Redis answers BUSY without running the decision;
+// the store sends it again until Redis is free, and charges once. With
+// batching too.
+func TestResendWhenRefusedUnrun(t *testing.T) {
+	for _, batch := range batchModes {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			srv := redistest.Private(t)
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+			t.Cleanup(func() { c.Close() })
+			ctx := t.Context()
+			if err := c.ConfigSet(ctx, "busy-reply-threshold", "100").Err(); err != nil {
+				t.Fatal(err)
+			}
+			s, err := New(c, Options{Batch: batch})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
+			if _, err := s.Take(ctx, sluice.Request{Key: "warm", Cost: 1, Limit: l}); err != nil {
+				t.Fatal(err) // loads the script
+			}
+			// Another connection runs a script for 500ms.
+			busyClient := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, ReadTimeout: 2 * time.Second})
+			t.Cleanup(func() { busyClient.Close() })
+			const busy = `local t0 = redis.call('TIME') local t = t0
+while (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) < 500000 do t = redis.call('TIME') end
+return 1`
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				if err := busyClient.Eval(ctx, busy, nil).Err(); err != nil {
+					t.Errorf("busy script: %v", err)
+				}
+			})
+			time.Sleep(200 * time.Millisecond)
+			// Redis answers BUSY now.
+			if err := c.Ping(ctx).Err(); err == nil || !strings.HasPrefix(err.Error(), "BUSY") {
+				t.Fatalf("PING during the busy script = %v; want BUSY", err)
+			}
+			start := time.Now()
+			d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
+			took := time.Since(start)
+			wg.Wait()
+			if err != nil || !d.Allowed || d.Remaining != 9 {
+				t.Fatalf("Take while Redis is BUSY = %+v, %v; want allowed, 9 remaining", d, err)
+			}
+			if p, err := s.Peek(ctx, "k", l); err != nil || p.Remaining != 9 {
+				t.Fatalf("Peek after = %+v, %v; want 9 remaining (charged once)", p, err)
+			}
+			if took < 100*time.Millisecond {
+				t.Fatalf("Take took %v; it cannot have waited for the busy script", took)
+			}
+			t.Logf("Take waited %v for the busy script", took)
+		})
+	}
+}
