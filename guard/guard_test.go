@@ -18,24 +18,9 @@ import (
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
-// clock is a manual clock.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newClock() *clock { return &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
+// newClock returns a manual clock at 2026-01-01 UTC.
+func newClock() *sluicetest.Clock {
+	return sluicetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 }
 
 // flaky is a memstore that fails on command: while err is set, every call
@@ -301,7 +286,7 @@ func TestLocalBudget(t *testing.T) {
 		if d.Allowed {
 			allowed++
 		}
-		c.advance(10 * time.Millisecond)
+		c.Advance(10 * time.Millisecond)
 	}
 	// 25 + 10/s × 2.99s (the last take is at 2.99s) = 54.9 → 54.
 	if allowed != 54 {
@@ -390,7 +375,7 @@ func TestBreakerConsecutive(t *testing.T) {
 		{0, true, 8, guard.BreakerClosed, true},
 	}
 	for i, s := range steps {
-		c.advance(s.advance)
+		c.Advance(s.advance)
 		if s.storeUp {
 			f.set(nil, false)
 		}
@@ -459,7 +444,7 @@ func TestBreakerRatio(t *testing.T) {
 				if _, err := g.Take(t.Context(), sluice.Request{Key: "k", Cost: 1, Limit: sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(100)}}); err != nil {
 					t.Fatal(err)
 				}
-				c.advance(tt.gap)
+				c.Advance(tt.gap)
 			}
 			if got := g.Status().State == guard.BreakerOpen; got != tt.wantOpen {
 				t.Errorf("after %q %v apart: open %v, want %v", tt.pattern, tt.gap, got, tt.wantOpen)
@@ -586,7 +571,7 @@ func TestPanickingProbe(t *testing.T) {
 	g := guard.New(panicky{f}, guard.Options{Policy: guard.FailOpen, ConsecutiveFailures: 1, Now: c.Now})
 	req := sluice.Request{Key: "k", Cost: 1, Limit: limit}
 	g.Take(t.Context(), req)
-	c.advance(guard.DefaultProbeInterval)
+	c.Advance(guard.DefaultProbeInterval)
 	f.set(errPanic, false)
 	func() {
 		defer func() { recover() }()

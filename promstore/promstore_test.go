@@ -23,24 +23,9 @@ import (
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
-// clock is a manual clock.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newClock() *clock { return &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
+// newClock returns a manual clock at 2026-01-01 UTC.
+func newClock() *sluicetest.Clock {
+	return sluicetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 }
 
 // switchable is a memstore that fails with err while err is set.
@@ -236,9 +221,9 @@ func TestGuardHooks(t *testing.T) {
 	take()
 	take() // opens
 	take() // breaker open
-	c.advance(guard.DefaultProbeInterval)
+	c.Advance(guard.DefaultProbeInterval)
 	take() // probe fails
-	c.advance(guard.DefaultProbeInterval)
+	c.Advance(guard.DefaultProbeInterval)
 	sw.set(nil)
 	take() // probe succeeds
 
@@ -388,7 +373,7 @@ func TestMemstore(t *testing.T) {
 			s.Take(t.Context(), sluice.Request{Key: k, Cost: 1, Limit: l})
 		}
 	}
-	c.advance(time.Second) // every bucket full again
+	c.Advance(time.Second) // every bucket full again
 	refuse.Take(t.Context(), sluice.Request{Key: "d", Cost: 1, Limit: l})
 	err := testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP sluice_memstore_buckets Buckets held by the in-memory store.

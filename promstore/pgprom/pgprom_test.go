@@ -7,7 +7,6 @@ import (
 	"errors"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,28 +19,14 @@ import (
 	"github.com/sluicehq/sluice/promstore"
 	"github.com/sluicehq/sluice/promstore/internal/promtest"
 	"github.com/sluicehq/sluice/promstore/pgprom"
+	"github.com/sluicehq/sluice/sluicetest"
 )
 
 var limit = sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
 
-// clock is a manual clock.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newClock() *clock { return &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
+// newClock returns a manual clock at 2026-01-01 UTC.
+func newClock() *sluicetest.Clock {
+	return sluicetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 }
 
 // defaultPostgresURL is the server of the tests when SLUICE_POSTGRES_URL is
@@ -181,7 +166,7 @@ func TestSweep(t *testing.T) {
 	}
 	// One hour later a, whose one token came back, is full and the request
 	// IDs have expired; b and c are still refilling.
-	c.advance(time.Hour)
+	c.Advance(time.Hour)
 	if _, err := ps.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
