@@ -214,9 +214,12 @@ local cost = int('cost', ARGV[8], 1, C)
 if op == 'peek' and cost ~= 1 then
   fail('peek cost ' .. ARGV[8] .. ' is not 1')
 end
-local costs = {cost}
-for i = 12, #ARGV do
-  costs[i - 10] = int('cost', ARGV[i], 1, C)
+local costs -- "takes" only
+if op == 'takes' then
+  costs = {cost}
+  for i = 12, #ARGV do
+    costs[i - 10] = int('cost', ARGV[i], 1, C)
+  end
 end
 local policy = int('limit-change policy', ARGV[9], 0, 2)
 local minTTL = int('least TTL', ARGV[10], 0, TWO53 - 1)

@@ -680,16 +680,8 @@ func TestBatchWithdrawsQueued(t *testing.T) {
 	ctx := t.Context()
 	s := newStore(t, c, Options{Batch: 64})
 	l := sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
-	// Keep Redis busy for 500ms with a script that loops on TIME.
-	const busy = `local t0 = redis.call('TIME') local t = t0
-while (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) < 500000 do t = redis.call('TIME') end
-return 1`
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := c.Eval(ctx, busy, nil).Err(); err != nil {
-			t.Errorf("busy script: %v", err)
-		}
-	})
+	wg.Go(func() { keepBusy(t, c) })
 	time.Sleep(50 * time.Millisecond)
 	var first sluice.Decision
 	var firstErr error
@@ -881,15 +873,8 @@ func TestResendWhenRefusedUnrun(t *testing.T) {
 			// Another connection runs a script for 500ms.
 			busyClient := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, ReadTimeout: 2 * time.Second})
 			t.Cleanup(func() { busyClient.Close() })
-			const busy = `local t0 = redis.call('TIME') local t = t0
-while (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) < 500000 do t = redis.call('TIME') end
-return 1`
 			var wg sync.WaitGroup
-			wg.Go(func() {
-				if err := busyClient.Eval(ctx, busy, nil).Err(); err != nil {
-					t.Errorf("busy script: %v", err)
-				}
-			})
+			wg.Go(func() { keepBusy(t, busyClient) })
 			time.Sleep(200 * time.Millisecond)
 			// Redis answers BUSY now.
 			if err := c.Ping(ctx).Err(); err == nil || !strings.HasPrefix(err.Error(), "BUSY") {
@@ -910,5 +895,16 @@ return 1`
 			}
 			t.Logf("Take waited %v for the busy script", took)
 		})
+	}
+}
+
+// keepBusy keeps the server of c busy for 500ms with a script that loops
+// on TIME.
+func keepBusy(t *testing.T, c redis.Scripter) {
+	const busy = `local t0 = redis.call('TIME') local t = t0
+while (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) < 500000 do t = redis.call('TIME') end
+return 1`
+	if err := c.Eval(context.Background(), busy, nil).Err(); err != nil {
+		t.Errorf("busy script: %v", err)
 	}
 }
