@@ -223,10 +223,20 @@ type shard struct {
 // ctx.Err() if ctx is already done; otherwise Take never blocks on anything
 // but the shard lock.
 func (s *Store) Take(ctx context.Context, r sluice.Request) (d sluice.Decision, err error) {
-	if len(r.Key) > sluice.MaxKeyLen {
-		return d, r.Validate() // refuse before hashing a huge key
+	// Small enough to be inlined: a caller holding a *Store passes the
+	// request's fields in registers and receives the decision in place,
+	// rather than copying both structs through memory.
+	err = s.takeFields(ctx, r.Key, r.Cost, r.Limit, r.RequestID, &d)
+	return d, err
+}
+
+// takeFields is Take with the request passed field by field and the
+// decision by pointer.
+func (s *Store) takeFields(ctx context.Context, key string, cost int64, l sluice.Limit, id string, d *sluice.Decision) (err error) {
+	if len(key) > sluice.MaxKeyLen {
+		return sluice.ValidateKey(key) // refuse before hashing a huge key
 	}
-	h := maphash.String(s.seed, r.Key)
+	h := maphash.String(s.seed, key)
 	sh := &s.shards[h&s.mask]
 	tg := tag(h, s.shardBits)
 	now := s.clock()
@@ -234,22 +244,22 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (d sluice.Decision, 
 	// The hot path: an existing bucket, the same limit, no request ID. The
 	// bucket's key and limit were validated when it was created, so only
 	// the cost is left to check.
-	if r.RequestID == "" && r.Cost >= 1 && r.Cost <= r.Limit.Capacity {
-		if idx, _ := sh.table.find(r.Key, tg); idx >= 0 {
+	if id == "" && cost >= 1 && cost <= l.Capacity {
+		if idx, _ := sh.table.find(key, tg); idx >= 0 {
 			e := &sh.table.entries[idx]
-			if pl := &e.plan.plan; pl.Limit() == r.Limit {
+			if pl := &e.plan.plan; pl.Limit() == l {
 				if err = ctx.Err(); err == nil {
-					pl.Take(&e.state, now, r.Cost, &d)
+					pl.Take(&e.state, now, cost, d)
 					sh.noteFullAt(e.state.Stamp, d.ResetAfter)
 				}
 				sh.mu.Unlock()
-				return d, err
+				return err
 			}
 		}
 	}
-	err = s.take(ctx, sh, &r, tg, now, &d)
+	err = s.take(ctx, sh, &sluice.Request{Key: key, Cost: cost, Limit: l, RequestID: id}, tg, now, d)
 	sh.mu.Unlock()
-	return d, err
+	return err
 }
 
 // take is the general path of Take, with sh locked: it validates r, answers
