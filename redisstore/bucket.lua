@@ -32,10 +32,11 @@
 --
 -- Bucket value:  "C n P n' p' tokens frac stamp"; the level is
 --                tokens + frac/p', brought up to date at microsecond stamp.
--- Record value:  "at cost C n P allowed remaining retry reset".
+-- Record value:  "at cost C n P allowed remaining retry reset", waits in
+--                microseconds or "n" (never).
 -- Reply:         {"ok" | "replay", allowed (0|1), remaining, retry, reset}
---                per cost
---                with waits in microseconds or "n" (never), or
+--                per cost, as integers, with waits in microseconds or -1
+--                (never), or
 --                {"conflict", cost, C, n, P} of the request ID's first use.
 
 local TWO52 = 4503599627370496
@@ -45,30 +46,38 @@ local MAX_TOKENS = 1099511627776   -- 2^40, sluice.MaxTokens
 local MAX_PERIOD = 31622400000000  -- 366 days in microseconds, sluice.MaxPeriod
 local EPOCH = 1577836800000000     -- 2020-01-01T00:00:00Z, microseconds since 1970
 
+-- Library functions as locals. Strings known to hold only digits are
+-- converted by arithmetic coercion (s + 0), which reads them as tonumber
+-- does without the cost of a function call.
+local type = type
+local find, match, sub, format = string.find, string.match, string.sub, string.format
+
 local function fail(msg)
   error({err = 'ERR sluice: ' .. msg})
 end
 
 local function show(s)
   if type(s) ~= 'string' then return type(s) end
-  if #s > 24 then s = string.sub(s, 1, 24) .. '...' end
-  return string.format('%q', s)
+  if #s > 24 then s = sub(s, 1, 24) .. '...' end
+  return format('%q', s)
 end
 
 -- str formats an integer exactly (tostring would use %.14g); nil is "n".
 local function str(x)
   if x == nil then return 'n' end
-  return string.format('%d', x)
+  return format('%d', x)
 end
 
--- int parses s, which must be a canonical decimal integer (no sign, no
--- leading zero, at most 16 digits) in [lo, hi], hi < 2^53. This refuses
--- "nan", "inf", "1e309", "0x10", "-0", " 12 ", "" and 9007199254740993.
+-- int parses s, which must be a canonical decimal integer (digits only, no
+-- leading zero) in [lo, hi], hi < 2^53. This refuses "nan", "inf", "1e309",
+-- "0x10", "-0", " 12 ", "" and 9007199254740993: digits alone leave tonumber
+-- no other reading, and a number of 2^53 or more rounds to 2^53 or more, so
+-- the range check refuses it.
 local function int(what, s, lo, hi)
-  if type(s) ~= 'string' or #s > 16 or not (s == '0' or string.find(s, '^[1-9]%d*$')) then
+  if not (s == '0' or (type(s) == 'string' and find(s, '^[1-9]%d*$'))) then
     fail(what .. ' ' .. show(s) .. ' is not a decimal integer')
   end
-  local x = tonumber(s) -- exact below 2^53; at or above it, rounds to >= 2^53
+  local x = s + 0
   if x < lo or x > hi then
     fail(what .. ' ' .. s .. ' is outside [' .. str(lo) .. ', ' .. str(hi) .. ']')
   end
@@ -76,17 +85,18 @@ local function int(what, s, lo, hi)
 end
 
 -- divmod returns floor(a/b) and a mod b exactly, for integers a >= 0,
--- b >= 1 and a + b < 2^53: the float quotient is corrected by one if it was
--- rounded across an integer.
+-- b >= 1 and a + b < 2^53. Lua computes a % b as a - floor(a/b)*b; a/b is
+-- within one of the true quotient, so floor(a/b)*b <= a + b < 2^53 and the
+-- subtraction are exact, and r is at most one b outside [0, b), which is
+-- corrected. a - r is then q*b exactly, and the division by b is exact.
 local function divmod(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b -- |q*b - a| < b, so q*b < 2^53 is exact
+  local r = a % b
   if r < 0 then
-    q, r = q - 1, r + b
+    r = r + b
   elseif r >= b then
-    q, r = q + 1, r - b
+    r = r - b
   end
-  return q, r
+  return (a - r) / b, r
 end
 
 -- ceildiv returns ceil(a/b) under the conditions of divmod.
@@ -172,44 +182,59 @@ end
 
 local now
 if ARGV[2] == 'redis' then
-  local tm = redis.call('TIME')
-  now = tonumber(tm[1]) * 1000000 + tonumber(tm[2]) - EPOCH
+  local tm = redis.call('TIME') -- two decimal integers
+  now = tm[1] * 1000000 + tm[2] - EPOCH
   if not (now >= 0 and now < TWO53) then
     fail('the Redis clock (' .. tm[1] .. ' s) is outside 2020 to 2305')
   end
 else
   now = int('time', ARGV[2], 0, TWO53 - 1)
 end
-local C = int('capacity', ARGV[3], 1, MAX_CAPACITY)
-local n = int('rate tokens', ARGV[4], 0, MAX_TOKENS)
-local P = int('rate period', ARGV[5], 1, MAX_PERIOD)
-local n1 = int('reduced rate tokens', ARGV[6], 0, n)
-local p1 = int('reduced rate period', ARGV[7], 1, P)
--- The reduced rate must be n/P in lowest terms: the fraction units of a
--- stored bucket are counted on that grid.
-if n == 0 then
-  if n1 ~= 0 or p1 ~= 1 then
-    fail('a rate of 0 tokens must be reduced to 0 per 1, not ' .. ARGV[6] .. '/' .. ARGV[7])
-  end
+
+-- The limit. A bucket's value starts with the text of the limit it was
+-- last written under, "C n P n' p' ", which the call that wrote it checked
+-- in full. When the first bucket holds the request's limit text, the same
+-- five arguments are known good and are only converted; otherwise each is
+-- checked here.
+local limitSp = ARGV[3] .. ' ' .. ARGV[4] .. ' ' .. ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. ARGV[7] .. ' '
+local first = redis.call('GET', KEYS[1])
+local firstSame = first and find(first, limitSp, 1, true) == 1
+local C, n, P, n1, p1
+if firstSame then
+  C, n, P, n1, p1 = ARGV[3] + 0, ARGV[4] + 0, ARGV[5] + 0, ARGV[6] + 0, ARGV[7] + 0
 else
-  local reduced = n1 > 0
-  if reduced then
-    local gp, rp = divmod(P, p1)
-    local gn, rn = divmod(n, n1)
-    reduced = rp == 0 and rn == 0 and gp == gn
+  C = int('capacity', ARGV[3], 1, MAX_CAPACITY)
+  n = int('rate tokens', ARGV[4], 0, MAX_TOKENS)
+  P = int('rate period', ARGV[5], 1, MAX_PERIOD)
+  n1 = int('reduced rate tokens', ARGV[6], 0, n)
+  p1 = int('reduced rate period', ARGV[7], 1, P)
+  -- The reduced rate must be n/P in lowest terms: the fraction units of a
+  -- stored bucket are counted on that grid.
+  if n == 0 then
+    if n1 ~= 0 or p1 ~= 1 then
+      fail('a rate of 0 tokens must be reduced to 0 per 1, not ' .. ARGV[6] .. '/' .. ARGV[7])
+    end
+  else
+    local reduced = n1 > 0
+    if reduced then
+      local gp, rp = divmod(P, p1)
+      local gn, rn = divmod(n, n1)
+      reduced = rp == 0 and rn == 0 and gp == gn
+    end
+    local x, y = n1, p1
+    while reduced and y > 0 do
+      local _, r = divmod(x, y)
+      x, y = y, r
+    end
+    if not reduced or x ~= 1 then
+      fail('reduced rate ' .. ARGV[6] .. '/' .. ARGV[7] .. ' is not ' .. ARGV[4] .. '/' .. ARGV[5] .. ' in lowest terms')
+    end
   end
-  local a, b = n1, p1
-  while reduced and b > 0 do
-    local _, r = divmod(a, b)
-    a, b = b, r
-  end
-  if not reduced or a ~= 1 then
-    fail('reduced rate ' .. ARGV[6] .. '/' .. ARGV[7] .. ' is not ' .. ARGV[4] .. '/' .. ARGV[5] .. ' in lowest terms')
+  if C * p1 >= TWO52 then -- rounding is monotonic, so the comparison is exact
+    fail('capacity ' .. ARGV[3] .. ' times reduced period ' .. ARGV[7] .. ' is 2^52 or more: Redis cannot decide this limit exactly')
   end
 end
-if C * p1 >= TWO52 then -- rounding is monotonic, so the comparison is exact
-  fail('capacity ' .. ARGV[3] .. ' times reduced period ' .. ARGV[7] .. ' is 2^52 or more: Redis cannot decide this limit exactly')
-end
+
 local cost = int('cost', ARGV[8], 1, C)
 if op == 'peek' and cost ~= 1 then
   fail('peek cost ' .. ARGV[8] .. ' is not 1')
@@ -221,20 +246,23 @@ if op == 'takes' then
     costs[i - 10] = int('cost', ARGV[i], 1, C)
   end
 end
-local policy = int('limit-change policy', ARGV[9], 0, 2)
+local policy = ARGV[9] -- compared as text below
+if policy ~= '0' and policy ~= '1' and policy ~= '2' then
+  fail('limit-change policy ' .. show(policy) .. ' is not 0, 1 or 2')
+end
 local minTTL = int('least TTL', ARGV[10], 0, TWO53 - 1)
 local idTTL
 if withID then
   idTTL = int('request-ID memory', ARGV[11], 1, TWO53 - 1)
-else
-  idTTL = int('request-ID memory', ARGV[11], 0, 0)
+elseif ARGV[11] ~= '0' then
+  fail('request-ID memory ' .. show(ARGV[11]) .. ' is not 0 without a request ID')
 end
 
 -- A remembered request ID: the same decision again, or a conflict.
 if withID then
   local rec = redis.call('GET', KEYS[2])
   if rec then
-    local at, rcost, rC, rn, rP, ok, rem, retry, reset = string.match(rec,
+    local at, rcost, rC, rn, rP, ok, rem, retry, reset = match(rec,
       '^(%d+) (%d+) (%d+) (%d+) (%d+) ([01]) (%d+) ([%dn]+) ([%dn]+)$')
     if not at then
       fail('request-ID key holds a value sluice did not write')
@@ -242,7 +270,10 @@ if withID then
     local first = int('stored time', at, 0, TWO53 - 1)
     if now < first or now - first < idTTL then
       if rcost == ARGV[8] and rC == ARGV[3] and rn == ARGV[4] and rP == ARGV[5] then
-        return {'replay', ok, rem, retry, reset}
+        if not (retry == 'n' or find(retry, '^%d+$')) or not (reset == 'n' or find(reset, '^%d+$')) then
+          fail('request-ID key holds a value sluice did not write')
+        end
+        return {'replay', ok + 0, rem + 0, retry == 'n' and -1 or retry + 0, reset == 'n' and -1 or reset + 0}
       end
       return {'conflict', rcost, rC, rn, rP}
     end
@@ -252,28 +283,24 @@ end
 -- load returns the bucket at key brought up to date: a missing one is
 -- full, stamped now; time never runs backwards inside a bucket. The stored
 -- value starts with the limit's text; when it is the request's limit, whose
--- arguments were checked above, only the level and stamp are parsed.
-local limit = ARGV[3] .. ' ' .. ARGV[4] .. ' ' .. ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. ARGV[7]
-local limitSp = limit .. ' '
-local function load(key)
+-- arguments were checked above, only the level and stamp are parsed: digits
+-- (so tonumber has one reading) in range (so exact). stored is the key's
+-- value, read by the caller.
+local function load(stored, same)
   local tokens, frac, stamp = C, 0, now
-  local stored = redis.call('GET', key)
-  local same = stored and string.sub(stored, 1, #limitSp) == limitSp
   if same then
-    local t0, f0, s0 = string.match(stored, '^(%d+) (%d+) (%d+)$', #limitSp + 1)
+    local t0, f0, s0 = match(stored, '^(%d+) (%d+) (%d+)$', #limitSp + 1)
     if not t0 then
       fail('bucket key holds a value sluice did not write')
     end
-    t0 = int('stored tokens', t0, 0, C)
-    f0 = int('stored fraction', f0, 0, p1 - 1)
-    s0 = int('stored stamp', s0, 0, TWO53 - 1)
-    if t0 == C and f0 ~= 0 then
+    t0, f0, s0 = t0 + 0, f0 + 0, s0 + 0
+    if t0 > C or f0 >= p1 or s0 >= TWO53 or (t0 == C and f0 ~= 0) then
       fail('bucket key holds a state sluice did not write')
     end
-    stamp = math.max(now, s0)
+    if s0 > now then stamp = s0 end
     tokens, frac = refill(t0, f0, s0, C, n1, p1, stamp)
   elseif stored then
-    local f = {string.match(stored,
+    local f = {match(stored,
       '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')}
     if #f ~= 8 then
       fail('bucket key holds a value sluice did not write')
@@ -289,7 +316,7 @@ local function load(key)
     if C0 * b0 >= TWO52 or (t0 == C0 and f0 ~= 0) then
       fail('bucket key holds a state sluice did not write')
     end
-    stamp = math.max(now, s0)
+    if s0 > now then stamp = s0 end
     if C0 == C and n0 == n and P0 == P then
       if a0 ~= n1 or b0 ~= p1 then
         fail('bucket key holds a rate reduced otherwise')
@@ -299,9 +326,9 @@ local function load(key)
       -- Another limit: refill under the old one, then convert, rounding
       -- down; a bucket full under the old limit is full under the new one.
       t0, f0 = refill(t0, f0, s0, C0, a0, b0, stamp)
-      if t0 >= C0 or policy == 2 then
+      if t0 >= C0 or policy == '2' then
         tokens, frac = C, 0
-      elseif policy == 1 then
+      elseif policy == '1' then
         -- floor(U * C*p' / (C0*b0)) with U = t0*b0 + f0 < C0*b0 < 2^52.
         tokens, frac = divmod(muldiv(t0 * b0 + f0, C * p1, C0 * b0), p1)
       elseif t0 >= C then
@@ -334,29 +361,32 @@ end
 -- after it is full again (rounded up to ms; the extra ms covers a server
 -- whose expiry clock was read before TIME), and never if it never refills.
 local function store(key, tokens, frac, stamp, reset)
-  local value = limitSp .. str(tokens) .. ' ' .. str(frac) .. ' ' .. str(stamp)
+  local value = format('%s%d %d %d', limitSp, tokens, frac, stamp)
   if reset == nil then
     redis.call('SET', key, value)
   else
     local ttl = ceilms(stamp - now, reset) + 1
-    redis.call('SET', key, value, 'PX', str(math.max(ttl, minTTL)))
+    if ttl < minTTL then ttl = minTTL end
+    redis.call('SET', key, value, 'PX', str(ttl))
   end
 end
 
 -- One take or peek. A denial writes too: its stamp must hold if the clock
 -- later steps back.
 if op ~= 'takes' then
-  local tokens, frac, stamp = load(KEYS[1])
+  local tokens, frac, stamp = load(first, firstSame)
   local allowed, left, retry, reset = decide(tokens, frac, cost)
-  local reply = {'ok', allowed and '1' or '0', str(left), str(retry), str(reset)}
+  local reply = {'ok', allowed and 1 or 0, left, retry or -1, reset or -1}
   if op == 'peek' then
     return reply
   end
   store(KEYS[1], left, frac, stamp, reset)
   if withID then
-    local rec = table.concat({str(now), ARGV[8], ARGV[3], ARGV[4], ARGV[5],
-      reply[2], reply[3], reply[4], reply[5]}, ' ')
-    redis.call('SET', KEYS[2], rec, 'PX', str(math.max(ceilms(idTTL, 0) + 1, minTTL)))
+    local rec = format('%d %s %s %s %s %d %d %s %s', now, ARGV[8], ARGV[3], ARGV[4], ARGV[5],
+      reply[2], left, str(retry), str(reset))
+    local ttl = ceilms(idTTL, 0) + 1
+    if ttl < minTTL then ttl = minTTL end
+    redis.call('SET', KEYS[2], rec, 'PX', str(ttl))
   end
   return reply
 end
@@ -370,7 +400,12 @@ for i = 1, #KEYS do
   if not at[key] then
     local j = #K + 1
     K[j], at[key] = key, j
-    T[j], F[j], S[j] = load(key)
+    if j == 1 then -- KEYS[1], read above
+      T[j], F[j], S[j] = load(first, firstSame)
+    else
+      local stored = redis.call('GET', key)
+      T[j], F[j], S[j] = load(stored, stored and find(stored, limitSp, 1, true) == 1)
+    end
   end
 end
 local reply = {}
@@ -380,7 +415,7 @@ for i = 1, #costs do
   allowed, T[j], retry, R[j] = decide(T[j], F[j], costs[i])
   local r = 5 * (i - 1)
   reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] =
-    'ok', allowed and '1' or '0', str(T[j]), str(retry), str(R[j])
+    'ok', allowed and 1 or 0, T[j], retry or -1, R[j] or -1
 end
 for j = 1, #K do
   store(K[j], T[j], F[j], S[j], R[j])

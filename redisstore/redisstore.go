@@ -291,7 +291,7 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 		return sluice.Decision{}, err
 	}
 	if len(reply) == 5 && reply[0] == "conflict" {
-		return sluice.Decision{}, fmt.Errorf("%w: request ID %q for this key was first used with cost %s and limit \"%s %s/%sµs\", now cost %d and limit %q",
+		return sluice.Decision{}, fmt.Errorf("%w: request ID %q for this key was first used with cost %v and limit \"%v %v/%vµs\", now cost %d and limit %q",
 			sluice.ErrRequestIDConflict, r.RequestID, reply[1], reply[2], reply[3], reply[4], r.Cost, r.Limit)
 	}
 	return decision(reply, r.Limit)
@@ -343,7 +343,7 @@ func (decisionCmd) NoRetry() bool { return true }
 
 // run runs the script by EVALSHA, and by EVAL if the server does not have it
 // cached, and returns its reply as strings.
-func (s *Store) run(ctx context.Context, keys []string, op string, now any, pl plan, cost, idTTL int64) ([]string, error) {
+func (s *Store) run(ctx context.Context, keys []string, op string, now any, pl plan, cost, idTTL int64) ([]any, error) {
 	args := make([]any, 0, 3+len(keys)+11)
 	args = append(args, "evalsha", s.sha, len(keys))
 	for _, k := range keys {
@@ -362,7 +362,7 @@ func (s *Store) run(ctx context.Context, keys []string, op string, now any, pl p
 		}
 		return nil, fmt.Errorf("redisstore: %w", err)
 	}
-	reply, err := cmd.StringSlice()
+	reply, err := cmd.Slice()
 	if err != nil {
 		return nil, &ScriptError{err: fmt.Errorf("reply: %w", err)}
 	}
@@ -505,46 +505,40 @@ func (s *Store) process(ctx context.Context, cmd decisionCmd) error {
 	return s.client.Process(ctx, cmd)
 }
 
-// decision reads an "ok" or "replay" reply of the script.
-func decision(reply []string, l sluice.Limit) (sluice.Decision, error) {
-	bad := func() (sluice.Decision, error) {
-		return sluice.Decision{}, &ScriptError{err: fmt.Errorf("reply %q is not a decision", reply)}
+// decision reads an "ok" or "replay" reply of the script: the kind, then
+// four integers (allowed, remaining, and the waits in microseconds, -1 for
+// never).
+func decision(reply []any, l sluice.Limit) (sluice.Decision, error) {
+	if len(reply) == 5 {
+		kind, _ := reply[0].(string)
+		allowed, ok1 := reply[1].(int64)
+		remaining, ok2 := reply[2].(int64)
+		retry, ok3 := wait(reply[3])
+		reset, ok4 := wait(reply[4])
+		if (kind == "ok" || kind == "replay") && ok1 && (allowed == 0 || allowed == 1) && ok2 && remaining >= 0 && ok3 && ok4 {
+			return sluice.Decision{
+				Allowed:    allowed == 1,
+				Remaining:  remaining,
+				RetryAfter: retry,
+				ResetAfter: reset,
+				Limit:      l,
+				Replayed:   kind == "replay",
+			}, nil
+		}
 	}
-	if len(reply) != 5 || (reply[0] != "ok" && reply[0] != "replay") || (reply[1] != "0" && reply[1] != "1") {
-		return bad()
-	}
-	remaining, err := strconv.ParseInt(reply[2], 10, 64)
-	if err != nil {
-		return bad()
-	}
-	retry, err1 := wait(reply[3])
-	reset, err2 := wait(reply[4])
-	if err1 != nil || err2 != nil {
-		return bad()
-	}
-	return sluice.Decision{
-		Allowed:    reply[1] == "1",
-		Remaining:  remaining,
-		RetryAfter: retry,
-		ResetAfter: reset,
-		Limit:      l,
-		Replayed:   reply[0] == "replay",
-	}, nil
+	return sluice.Decision{}, &ScriptError{err: fmt.Errorf("reply %v is not a decision", reply)}
 }
 
-// wait reads a wait in microseconds, or "n" for never.
-func wait(s string) (time.Duration, error) {
-	if s == "n" {
-		return sluice.Never, nil
+// wait reads a wait in microseconds, -1 for never.
+func wait(v any) (time.Duration, bool) {
+	us, ok := v.(int64)
+	switch {
+	case !ok || us < -1:
+		return 0, false
+	case us == -1 || us > math.MaxInt64/int64(time.Microsecond):
+		return sluice.Never, true
 	}
-	us, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || us < 0 {
-		return 0, fmt.Errorf("wait %q", s)
-	}
-	if us > math.MaxInt64/int64(time.Microsecond) {
-		return sluice.Never, nil
-	}
-	return time.Duration(us) * time.Microsecond, nil
+	return time.Duration(us) * time.Microsecond, true
 }
 
 func gcd(a, b int64) int64 {

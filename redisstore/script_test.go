@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -504,7 +505,7 @@ func TestScriptSharedTakes(t *testing.T) {
 }
 
 // decisionCmdReply loads the script and runs args, an EVALSHA of it.
-func decisionCmdReply(ctx context.Context, c client, args []any) ([]string, error) {
+func decisionCmdReply(ctx context.Context, c client, args []any) ([]any, error) {
 	if err := c.ScriptLoad(ctx, script).Err(); err != nil {
 		return nil, err
 	}
@@ -512,5 +513,46 @@ func decisionCmdReply(ctx context.Context, c client, args []any) ([]string, erro
 	if err := c.Process(ctx, cmd); err != nil {
 		return nil, err
 	}
-	return cmd.StringSlice()
+	return cmd.Slice()
+}
+
+// TestDecisionReply: decision reads the script's reply of five values, and
+// refuses every other shape as a *ScriptError.
+func TestDecisionReply(t *testing.T) {
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
+	good := []struct {
+		reply []any
+		want  sluice.Decision
+	}{
+		{[]any{"ok", int64(1), int64(9), int64(0), int64(1_000_000)},
+			sluice.Decision{Allowed: true, Remaining: 9, ResetAfter: time.Second, Limit: l}},
+		{[]any{"ok", int64(0), int64(0), int64(1), int64(-1)},
+			sluice.Decision{Remaining: 0, RetryAfter: time.Microsecond, ResetAfter: sluice.Never, Limit: l}},
+		{[]any{"replay", int64(0), int64(3), int64(-1), int64(math.MaxInt64)},
+			sluice.Decision{Remaining: 3, RetryAfter: sluice.Never, ResetAfter: sluice.Never, Limit: l, Replayed: true}},
+	}
+	for _, tt := range good {
+		got, err := decision(tt.reply, l)
+		if err != nil || got != tt.want {
+			t.Errorf("decision(%v) = %+v, %v; want %+v", tt.reply, got, err, tt.want)
+		}
+	}
+	bad := [][]any{
+		nil,
+		{"ok", int64(1), int64(9), int64(0)},
+		{"ok", int64(1), int64(9), int64(0), int64(0), int64(0)},
+		{"conflict", int64(1), int64(9), int64(0), int64(0)},
+		{"ok", int64(2), int64(9), int64(0), int64(0)},
+		{"ok", "1", int64(9), int64(0), int64(0)},
+		{"ok", int64(1), int64(-1), int64(0), int64(0)},
+		{"ok", int64(1), int64(9), int64(-2), int64(0)},
+		{"ok", int64(1), int64(9), int64(0), "n"},
+		{int64(1), int64(1), int64(9), int64(0), int64(0)},
+	}
+	for _, reply := range bad {
+		var se *ScriptError
+		if d, err := decision(reply, l); !errors.As(err, &se) {
+			t.Errorf("decision(%v) = %+v, %v; want a *ScriptError", reply, d, err)
+		}
+	}
 }
