@@ -19,13 +19,13 @@ type Pipeliner interface {
 }
 
 // batcher sends the commands of concurrent callers together, in pipelines
-// of at most max commands, with one pipeline in flight at a time (group
-// commit): the caller that finds no pipeline in flight sends what is queued
-// at once, without waiting for more; while it waits for the replies, later
-// callers queue up for the next pipeline, which a goroutine of the batcher
-// sends. A lone caller pays one round trip, as without batching; many
-// callers share round trips, and Redis reads, runs and answers them back to
-// back.
+// of at most max commands, with one send in flight at a time (group
+// commit): a caller that finds nothing in flight sends its own command at
+// once, under its own context, as without batching; while it waits for the
+// reply, later callers queue up for the next pipeline, which a goroutine of
+// the batcher sends. A lone caller pays one round trip, as without
+// batching; many callers share round trips, and Redis reads, runs and
+// answers them back to back.
 //
 // Every command of a pipeline is a decisionCmd, which go-redis does not
 // retry: a pipeline whose reply is lost fails all its commands once.
@@ -35,8 +35,8 @@ type batcher struct {
 	anyKey bool // takes of different buckets may share a script call
 
 	mu      sync.Mutex
-	queue   []*pending
-	running bool // a pipeline is being sent or a sender is about to send one
+	queue   []*pending // empty unless running
+	running bool       // a command or a pipeline is in flight, or about to be
 
 	pipelines atomic.Uint64 // pipelines sent
 	shared    atomic.Uint64 // takes sent in the script call of another
@@ -54,17 +54,23 @@ type pending struct {
 // already sent is left to finish, and its outcome is unknown to the caller,
 // as for an unbatched command whose reply it stopped waiting for.
 func (b *batcher) process(ctx context.Context, cmd decisionCmd) error {
-	p := &pending{cmd: cmd, done: make(chan struct{})}
 	b.mu.Lock()
-	b.queue = append(b.queue, p)
-	lead := !b.running
-	b.running = true
-	b.mu.Unlock()
-	if lead {
-		if b.sendNext() {
+	if !b.running { // nothing in flight, so nothing queued either
+		b.running = true
+		b.mu.Unlock()
+		err := b.client.Process(ctx, cmd)
+		b.mu.Lock()
+		more := len(b.queue) > 0
+		b.running = more
+		b.mu.Unlock()
+		if more {
 			go b.drain()
 		}
+		return err
 	}
+	p := &pending{cmd: cmd, done: make(chan struct{})}
+	b.queue = append(b.queue, p)
+	b.mu.Unlock()
 	select {
 	case <-p.done:
 		return cmd.Err()

@@ -22,8 +22,8 @@ type client interface {
 }
 
 // batchModes are the Options.Batch values the topology tests run with:
-// one round trip per decision, and pipelines of up to 64.
-var batchModes = []int{0, 64}
+// one round trip per decision (1), and pipelines of up to 64.
+var batchModes = []int{1, 64}
 
 // topologies returns the clients the topology-independent tests run on: the
 // standalone server, and the private cluster unless -short.

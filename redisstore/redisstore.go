@@ -52,6 +52,9 @@ const (
 	// DefaultRequestIDTTL is how long the first decision of a request ID is
 	// remembered when Options.RequestIDTTL is zero.
 	DefaultRequestIDTTL = 5 * time.Minute
+	// DefaultBatch is the most decisions sent together when Options.Batch
+	// is zero and the client has pipelines.
+	DefaultBatch = 64
 )
 
 // epochUnix is the store's time zero, 2020-01-01T00:00:00Z, in seconds since
@@ -104,17 +107,21 @@ type Options struct {
 	// where the explicit clock says it is still refilling. Negative is an
 	// error.
 	MinTTL time.Duration
-	// Batch, above 1, sends the decisions that callers of this Store make
-	// at the same time together: in go-redis pipelines of at most Batch
-	// scripts, one pipeline in flight at a time. A lone caller still pays
-	// one round trip; 64 concurrent callers share a few, and Redis spends
-	// less time reading and writing sockets per decision. The client must
-	// then also be a Pipeliner. Default 0 (and 1): each decision is its own
-	// round trip. Each script is still marked not retryable, so a lost
-	// pipeline reply fails its decisions once and charges none twice. The
-	// pipelines run under no caller's context (each caller still stops
+	// Batch is the most decisions sent together: the decisions that
+	// callers of this Store make at the same time go in one go-redis
+	// pipeline of at most Batch scripts, one pipeline in flight at a time,
+	// and the takes in it under one limit share one script call where
+	// Redis allows (any keys on a standalone server, one key on a Cluster
+	// or Ring). A lone caller is sent at once, so batching adds no wait;
+	// 64 concurrent callers share a few round trips, and Redis spends less
+	// time per decision. Each script is still marked not retryable, so a
+	// lost pipeline reply fails its decisions once and charges none twice.
+	// The pipelines run under no caller's context (each caller still stops
 	// waiting when its context ends); the client's read and write timeouts
-	// bound them. Negative is an error.
+	// bound them. Default 0: DefaultBatch if the client is a Pipeliner
+	// (every go-redis client is), else no batching. 1: no batching, each
+	// decision its own round trip. Above 1 the client must be a Pipeliner.
+	// Negative is an error.
 	Batch int
 }
 
@@ -141,8 +148,10 @@ type Stats struct {
 	// cached (its first use, a restart, a failover, SCRIPT FLUSH) and the
 	// store sent it in full with EVAL.
 	ScriptLoads uint64
-	// Pipelines is the number of pipelines sent with Options.Batch above 1,
-	// each carrying one or more decisions; 0 without batching.
+	// Pipelines is the number of pipelines sent with batching, each
+	// carrying the decisions that queued while another was in flight; a
+	// decision made while nothing was in flight is sent alone and not
+	// counted. 0 without batching.
 	Pipelines uint64
 	// SharedTakes is the number of takes that went in the script call of
 	// an earlier take in the same pipeline (same bucket, same limit):
@@ -191,14 +200,16 @@ func New(client Client, o Options) (*Store, error) {
 		return nil, fmt.Errorf("redisstore: minimum TTL %v is negative", o.MinTTL)
 	}
 	var b *batcher
+	p, pipelines := client.(Pipeliner)
 	switch {
 	case o.Batch < 0:
 		return nil, fmt.Errorf("redisstore: batch size %d is negative", o.Batch)
-	case o.Batch > 1:
-		p, ok := client.(Pipeliner)
-		if !ok {
-			return nil, fmt.Errorf("redisstore: batch size %d needs a client with go-redis pipelines (a Pipeliner); %T is not one", o.Batch, client)
-		}
+	case o.Batch == 0 && pipelines:
+		o.Batch = DefaultBatch
+	case o.Batch > 1 && !pipelines:
+		return nil, fmt.Errorf("redisstore: batch size %d needs a client with go-redis pipelines (a Pipeliner); %T is not one", o.Batch, client)
+	}
+	if o.Batch > 1 {
 		// A standalone client (not a Cluster or a Ring, whose keys live
 		// on several servers) can send one script call for the takes of
 		// several buckets.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/faultproxy"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -632,6 +633,31 @@ func TestNewOptions(t *testing.T) {
 	if _, err := New(processOnly{c}, Options{Batch: 1}); err != nil {
 		t.Errorf("New(a client without Pipeline, Batch 1) = %v; want a store (1 is no batching)", err)
 	}
+	// The default batches when the client can, and otherwise does not.
+	for _, tt := range []struct {
+		name    string
+		client  Client
+		o       Options
+		batched int
+	}{
+		{"default with pipelines", c, Options{}, DefaultBatch},
+		{"default without pipelines", processOnly{c}, Options{}, 0},
+		{"batch 1", c, Options{Batch: 1}, 0},
+		{"batch 2", c, Options{Batch: 2}, 2},
+	} {
+		s, err := New(tt.client, tt.o)
+		if err != nil {
+			t.Errorf("%s: New = %v", tt.name, err)
+			continue
+		}
+		got := 0
+		if s.batch != nil {
+			got = s.batch.max
+		}
+		if got != tt.batched {
+			t.Errorf("%s: batches of %d; want %d (0: none)", tt.name, got, tt.batched)
+		}
+	}
 	if _, err := New(nil, Options{}); err == nil {
 		t.Error("New(nil, ...) succeeded")
 	}
@@ -699,8 +725,10 @@ func TestBatchWithdrawsQueued(t *testing.T) {
 	if n, err := c.Exists(ctx, s.bucketKey("b")).Result(); err != nil || n != 0 {
 		t.Fatalf("EXISTS of the withdrawn take's bucket = %d, %v; want 0 (never sent)", n, err)
 	}
-	if p := s.Stats().Pipelines; p != 1 {
-		t.Fatalf("Stats().Pipelines = %d, want 1 (the withdrawn take was never sent)", p)
+	// "a" went alone, as the first caller's command does; a pipeline would
+	// have carried "b".
+	if p := s.Stats().Pipelines; p != 0 {
+		t.Fatalf("Stats().Pipelines = %d, want 0 (the withdrawn take was never sent)", p)
 	}
 }
 
@@ -907,4 +935,53 @@ return 1`
 	if err := c.Eval(context.Background(), busy, nil).Err(); err != nil {
 		t.Errorf("busy script: %v", err)
 	}
+}
+
+// TestDeadlineWhileSlow: when Redis answers late, every decision returns by
+// its caller's deadline, with and without batching: the caller that sends
+// alone does so under its own context, and the callers queued behind it
+// stop waiting at theirs.
+func TestDeadlineWhileSlow(t *testing.T) {
+	ctx := t.Context()
+	direct := redistest.Client(t)
+	p, err := faultproxy.New(redistest.Options(t).Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	o := redistest.Options(t)
+	o.Addr = p.Addr()
+	o.ContextTimeoutEnabled = true
+	via := redis.NewClient(o)
+	t.Cleanup(func() { via.Close() })
+	l := sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(1)}
+	const deadline, slack = 50 * time.Millisecond, 40 * time.Millisecond
+	for _, batch := range batchModes {
+		s, err := New(via, Options{Prefix: newPrefix(t, direct), Batch: batch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.SetLatency(0)
+		if _, err := s.Take(ctx, sluice.Request{Key: "warm", Cost: 1, Limit: l}); err != nil {
+			t.Fatal(err)
+		}
+		p.SetLatency(400 * time.Millisecond)
+		var wg sync.WaitGroup
+		for i := range 8 {
+			wg.Go(func() {
+				short, cancel := context.WithTimeout(ctx, deadline)
+				defer cancel()
+				start := time.Now()
+				d, err := s.Take(short, sluice.Request{Key: fmt.Sprint("k", i%2), Cost: 1, Limit: l})
+				var ne net.Error
+				timedOut := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+				if took := time.Since(start); !timedOut || took > deadline+slack {
+					t.Errorf("batch %d: Take with a %v deadline against a 400ms Redis = %+v, %v after %v; want a timeout within %v",
+						batch, deadline, d, err, took, deadline+slack)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	p.SetLatency(0)
 }
