@@ -3,7 +3,10 @@
 // github.com/go-redis/redis_rate on the same server: decisions per second
 // at 1, 16 and 64 concurrent callers, on one hot key and on 100,000 keys,
 // and the Redis CPU each decision costs (INFO commandstats usec_per_call
-// of EVALSHA and EVAL). It holds only benchmarks and a smoke test; see
+// of EVALSHA and EVAL). BenchmarkClients runs sluice's script through
+// github.com/redis/rueidis too, to see whether that client's
+// auto-pipelining would beat redisstore's own batching through go-redis.
+// It holds only benchmarks and a smoke test; see
 // docs/BENCHMARKS.md for how to run them and for the results.
 //
 // The server is the one at SLUICE_REDIS_URL (default

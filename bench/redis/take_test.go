@@ -103,15 +103,20 @@ var limiters = []limiter{
 			return r.Allowed > 0, nil
 		}, func() { c.Close() }
 	}},
-	{"sluice", func(tb testing.TB, callers int) (decider, func()) {
+	sluiceDefault,
+	{"sluice-unbatched", func(tb testing.TB, callers int) (decider, func()) {
 		c := newClient(callers)
-		return sluiceDecider(tb, c, 0), func() { c.Close() }
-	}},
-	{"sluice-batch", func(tb testing.TB, callers int) (decider, func()) {
-		c := newClient(callers)
-		return sluiceDecider(tb, c, 64), func() { c.Close() }
+		return sluiceDecider(tb, c, 1), func() { c.Close() }
 	}},
 }
+
+// sluiceDefault is redisstore as New makes it by default: concurrent
+// decisions share pipelines and script calls (Options.Batch 0, which is
+// redisstore.DefaultBatch with a go-redis client).
+var sluiceDefault = limiter{"sluice", func(tb testing.TB, callers int) (decider, func()) {
+	c := newClient(callers)
+	return sluiceDecider(tb, c, 0), func() { c.Close() }
+}}
 
 // sluiceDecider returns a redisstore decider on c with Options.Batch batch.
 func sluiceDecider(tb testing.TB, c redisstore.Client, batch int) decider {
@@ -133,6 +138,12 @@ func sluiceDecider(tb testing.TB, c redisstore.Client, batch int) decider {
 //
 //	cd bench && go test -run '^$' -bench Decisions -benchtime 30000x ./redis/
 func BenchmarkDecisions(b *testing.B) {
+	runLimiters(b, limiters)
+}
+
+// runLimiters runs benchDecisions for each limiter, workload and number of
+// callers.
+func runLimiters(b *testing.B, limiters []limiter) {
 	if skipReason != "" {
 		b.Skip(skipReason)
 	}
