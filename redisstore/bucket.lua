@@ -194,20 +194,28 @@ end
 -- The limit. A bucket's value starts with the text of the limit it was
 -- last written under, "C n P n' p' ", which the call that wrote it checked
 -- in full. When the first bucket holds the request's limit text, the same
--- five arguments are known good and are only converted; otherwise each is
--- checked here.
+-- five arguments are known good and are only converted; otherwise they are
+-- checked here: all five at once, and one by one only if that fails, to
+-- name the argument at fault.
 local limitSp = ARGV[3] .. ' ' .. ARGV[4] .. ' ' .. ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. ARGV[7] .. ' '
 local first = redis.call('GET', KEYS[1])
 local firstSame = first and find(first, limitSp, 1, true) == 1
 local C, n, P, n1, p1
-if firstSame then
+-- Five runs of digits, each alone in its argument (an argument holding a
+-- space would leave another one empty, and two spaces in a row), none
+-- with a leading zero: five canonical integers.
+if firstSame or (find(limitSp, '^%d+ %d+ %d+ %d+ %d+ $') and not find(limitSp, '^0%d') and not find(limitSp, ' 0%d')) then
   C, n, P, n1, p1 = ARGV[3] + 0, ARGV[4] + 0, ARGV[5] + 0, ARGV[6] + 0, ARGV[7] + 0
-else
+end
+if not (firstSame or (C and C >= 1 and C <= MAX_CAPACITY and n <= MAX_TOKENS and
+    P >= 1 and P <= MAX_PERIOD and n1 <= n and p1 >= 1 and p1 <= P)) then
   C = int('capacity', ARGV[3], 1, MAX_CAPACITY)
   n = int('rate tokens', ARGV[4], 0, MAX_TOKENS)
   P = int('rate period', ARGV[5], 1, MAX_PERIOD)
   n1 = int('reduced rate tokens', ARGV[6], 0, n)
   p1 = int('reduced rate period', ARGV[7], 1, P)
+end
+if not firstSame then
   -- The reduced rate must be n/P in lowest terms: the fraction units of a
   -- stored bucket are counted on that grid.
   if n == 0 then
@@ -371,8 +379,17 @@ local function store(key, tokens, frac, stamp, reset)
   end
 end
 
--- One take or peek. A denial writes too: its stamp must hold if the clock
--- later steps back.
+-- A denial leaves a bucket's level below its capacity, so refilling the
+-- stored state straight to a later time gives exactly what refilling it to
+-- now and on from there would (whole units add up; no cap falls between),
+-- and the stored TTL already ends when it is full. So a denial on Redis
+-- TIME of a bucket stored under the same limit writes nothing, as the
+-- model allows. With an explicit time, which a caller may pass out of
+-- order, a denial writes its stamp, which must then hold; so does one that
+-- converted a bucket to a new limit.
+local quietDenials = ARGV[2] == 'redis'
+
+-- One take or peek.
 if op ~= 'takes' then
   local tokens, frac, stamp = load(first, firstSame)
   local allowed, left, retry, reset = decide(tokens, frac, cost)
@@ -380,7 +397,9 @@ if op ~= 'takes' then
   if op == 'peek' then
     return reply
   end
-  store(KEYS[1], left, frac, stamp, reset)
+  if allowed or not (quietDenials and firstSame) then
+    store(KEYS[1], left, frac, stamp, reset)
+  end
   if withID then
     local rec = format('%d %s %s %s %s %d %d %s %s', now, ARGV[8], ARGV[3], ARGV[4], ARGV[5],
       reply[2], left, str(retry), str(reset))
@@ -394,18 +413,20 @@ end
 -- Takes: every bucket read and checked before the first write (K lists
 -- the keys in the order first met, at[key] indexes their levels); a key met
 -- again continues from the level the takes before left.
-local K, at, T, F, S, R = {}, {}, {}, {}, {}, {}
+-- W[j] says whether the bucket must be written.
+local K, at, T, F, S, R, W = {}, {}, {}, {}, {}, {}, {}
 for i = 1, #KEYS do
   local key = KEYS[i]
   if not at[key] then
     local j = #K + 1
     K[j], at[key] = key, j
-    if j == 1 then -- KEYS[1], read above
-      T[j], F[j], S[j] = load(first, firstSame)
-    else
-      local stored = redis.call('GET', key)
-      T[j], F[j], S[j] = load(stored, stored and find(stored, limitSp, 1, true) == 1)
+    local stored, same = first, firstSame -- KEYS[1], read above
+    if j > 1 then
+      stored = redis.call('GET', key)
+      same = stored and find(stored, limitSp, 1, true) == 1
     end
+    T[j], F[j], S[j] = load(stored, same)
+    W[j] = not (quietDenials and same)
   end
 end
 local reply = {}
@@ -413,11 +434,14 @@ for i = 1, #costs do
   local j = at[KEYS[i]]
   local allowed, retry
   allowed, T[j], retry, R[j] = decide(T[j], F[j], costs[i])
+  W[j] = W[j] or allowed
   local r = 5 * (i - 1)
   reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] =
     'ok', allowed and 1 or 0, T[j], retry or -1, R[j] or -1
 end
 for j = 1, #K do
-  store(K[j], T[j], F[j], S[j], R[j])
+  if W[j] then
+    store(K[j], T[j], F[j], S[j], R[j])
+  end
 end
 return reply

@@ -382,16 +382,19 @@ func TestStoredStampNeverMovesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	future := tm.Sub(time.Unix(epochUnix, 0)).Microseconds() + int64(time.Hour/time.Microsecond)
-	value := "10 1 1000000 1 1000000 0 0 " + strconv.FormatInt(future, 10)
-	if err := c.Set(ctx, s.bucketKey("k"), value, 0).Err(); err != nil {
+	stamp := strconv.FormatInt(future, 10)
+
+	// Empty at a stamp an hour ahead, with the expiry the server that
+	// wrote it gave it: one token is an hour and a second away, the full
+	// bucket an hour and ten seconds. The denial writes nothing.
+	value := "10 1 1000000 1 1000000 0 0 " + stamp
+	if err := c.Set(ctx, s.bucketKey("k"), value, time.Hour+10*time.Second+time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
 	d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Empty at a stamp an hour ahead: one token is an hour and a second
-	// away, the full bucket an hour and ten seconds.
 	if d.Allowed || d.Remaining != 0 || d.RetryAfter != time.Second || d.ResetAfter != 10*time.Second {
 		t.Errorf("Take = %+v; want denied, 0 remaining, retry 1s and reset 10s after the stamp", d)
 	}
@@ -401,6 +404,27 @@ func TestStoredStampNeverMovesBack(t *testing.T) {
 	pttl, err := c.PTTL(ctx, s.bucketKey("k")).Result()
 	if min := time.Hour + 9*time.Second; err != nil || pttl < min || pttl > time.Hour+10*time.Second+time.Millisecond {
 		t.Errorf("PTTL = %v, %v; want about 1h10s (the stamp, an hour ahead, plus the refill)", pttl, err)
+	}
+
+	// Five tokens at that stamp: the take is allowed at the stamp, not
+	// now, and the expiry is set from the stamp: full 6s after it.
+	if err := c.Set(ctx, s.bucketKey("k"), "10 1 1000000 1 1000000 5 0 "+stamp, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d, err = s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Allowed || d.Remaining != 4 || d.ResetAfter != 6*time.Second {
+		t.Errorf("Take = %+v; want allowed, 4 remaining, reset 6s after the stamp", d)
+	}
+	want := "10 1 1000000 1 1000000 4 0 " + stamp
+	if got, err := c.Get(ctx, s.bucketKey("k")).Result(); err != nil || got != want {
+		t.Errorf("bucket after Take = %q, %v; want %q (the stamp kept)", got, err, want)
+	}
+	pttl, err = c.PTTL(ctx, s.bucketKey("k")).Result()
+	if min := time.Hour + 5*time.Second; err != nil || pttl < min || pttl > time.Hour+6*time.Second+time.Millisecond {
+		t.Errorf("PTTL = %v, %v; want about 1h6s (the stamp, an hour ahead, plus the refill)", pttl, err)
 	}
 }
 
@@ -556,5 +580,118 @@ func TestDecisionReply(t *testing.T) {
 		if d, err := decision(reply, l); !errors.As(err, &se) {
 			t.Errorf("decision(%v) = %+v, %v; want a *ScriptError", reply, d, err)
 		}
+	}
+}
+
+// TestQuietDenialsDecideAlike checks, on sluice.Plan (which the script
+// reproduces bit for bit), why the script may skip writing a denial on
+// Redis TIME: for any bucket, a denial at t1 and any later decision at
+// t2 >= t1 decide the same, and leave the same state, whether or not the
+// denial's state was stored; and the denial does not move the time the
+// bucket is full again, so the stored expiry still holds.
+func TestQuietDenialsDecideAlike(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		l := sluice.Limit{
+			Capacity: rapid.Int64Range(1, 1_000_000).Draw(rt, "capacity"),
+			Rate: sluice.Rate{
+				Tokens: rapid.Int64Range(0, 1_000_000).Draw(rt, "tokens"),
+				Period: time.Duration(rapid.Int64Range(1, 1_000_000_000).Draw(rt, "period µs")) * time.Microsecond,
+			},
+		}
+		if CheckLimit(l) != nil {
+			rt.Skip("a limit Redis cannot decide exactly")
+		}
+		p, err := sluice.NewPlan(l, time.Microsecond)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		stored := sluice.State{
+			Tokens: rapid.Int64Range(0, l.Capacity).Draw(rt, "stored tokens"),
+			Stamp:  rapid.Int64Range(0, 1e13).Draw(rt, "stored stamp"),
+		}
+		if stored.Tokens < l.Capacity {
+			stored.Frac = rapid.Uint64Range(0, p.Scale()-1).Draw(rt, "stored frac")
+		}
+		t1 := rapid.Int64Range(0, 1e13).Draw(rt, "t1")
+		t2 := t1 + rapid.Int64Range(0, 1e10).Draw(rt, "t2 - t1")
+		cost1 := rapid.Int64Range(1, l.Capacity).Draw(rt, "cost1")
+		cost2 := rapid.Int64Range(1, l.Capacity).Draw(rt, "cost2")
+
+		written := stored
+		var d1 sluice.Decision
+		p.Take(&written, t1, cost1, &d1)
+		if d1.Allowed {
+			rt.Skip("allowed: the script writes it")
+		}
+		if got, want := p.FullAt(written), p.FullAt(stored); got != want {
+			rt.Fatalf("denial moved the full time from %d to %d (stored %+v, written %+v)", want, got, stored, written)
+		}
+		quiet := stored
+		var dWritten, dQuiet sluice.Decision
+		p.Take(&written, t2, cost2, &dWritten)
+		p.Take(&quiet, t2, cost2, &dQuiet)
+		if dWritten != dQuiet || written != quiet {
+			rt.Fatalf("after a denial at %d, a take at %d decided %+v leaving %+v when the denial was stored, %+v leaving %+v when not",
+				t1, t2, dWritten, written, dQuiet, quiet)
+		}
+	})
+}
+
+// TestQuietDenials: on Redis TIME a denial of a bucket stored under the
+// same limit leaves the stored value and its expiry as they were; with an
+// explicit time it stores its stamp; a denial that converts the bucket to
+// a new limit stores the conversion.
+func TestQuietDenials(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := t.Context()
+	l := sluice.Limit{Capacity: 2, Rate: sluice.Per(1, time.Hour)}
+	at := micros(1_000_000)
+	for _, tt := range []struct {
+		name   string
+		o      Options
+		writes bool
+	}{
+		{"Redis TIME", Options{}, false},
+		{"explicit time", Options{Now: func() time.Time { at = at.Add(time.Millisecond); return at }, MinTTL: time.Hour}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newStore(t, c, tt.o)
+			key := s.bucketKey("k")
+			for range 2 {
+				if d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l}); err != nil || !d.Allowed {
+					t.Fatalf("Take = %+v, %v; want allowed", d, err)
+				}
+			}
+			before, err := c.Get(ctx, key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.PExpire(ctx, key, 10*time.Hour).Err(); err != nil { // marks whether the denial sets an expiry
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Millisecond)
+			if d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l}); err != nil || d.Allowed {
+				t.Fatalf("third Take = %+v, %v; want denied", d, err)
+			}
+			after, err := c.Get(ctx, key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			pttl, err := c.PTTL(ctx, key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if wrote := after != before || pttl < 9*time.Hour; wrote != tt.writes {
+				t.Errorf("denial: value %q → %q, PTTL %v; wrote %v, want %v", before, after, pttl, wrote, tt.writes)
+			}
+			// A denial under another limit converts the bucket and stores it.
+			other := sluice.Limit{Capacity: 3, Rate: sluice.Per(1, time.Hour)}
+			if d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 3, Limit: other}); err != nil || d.Allowed {
+				t.Fatalf("Take under another limit = %+v, %v; want denied", d, err)
+			}
+			if v, err := c.Get(ctx, key).Result(); err != nil || !strings.HasPrefix(v, "3 1 3600000000 ") {
+				t.Errorf("after a denial under another limit the bucket holds %q, %v; want it stored under the new limit", v, err)
+			}
+		})
 	}
 }
