@@ -24,11 +24,16 @@
 --          separate calls back to back would be; each bucket is read once
 --          and written once, and the reply holds one decision per take.
 --
--- Numbers are Lua doubles, exact only below 2^53. Every argument and every
--- stored number must be a canonical decimal integer in its range, or the
--- script raises an error; every intermediate stays below 2^53 (the bound is
--- noted beside each step). All checks and arithmetic come before the first
--- write, so a call that fails writes nothing.
+-- Numbers are Lua doubles, exact only below 2^53. Every argument must be a
+-- canonical decimal integer in its range, and every stored number digits
+-- in its range, or the script raises an error; every intermediate stays
+-- below 2^53 (the bound is noted beside each step). All checks and
+-- arithmetic come before the first write, so a call that fails writes
+-- nothing.
+--
+-- A denial on Redis TIME of a bucket stored under the same limit writes
+-- nothing (see quietDenials below); every other decision but "peek"
+-- writes each bucket it read.
 --
 -- Bucket value:  "C n P n' p' tokens frac stamp"; the level is
 --                tokens + frac/p', brought up to date at microsecond stamp.
@@ -290,10 +295,10 @@ end
 
 -- load returns the bucket at key brought up to date: a missing one is
 -- full, stamped now; time never runs backwards inside a bucket. The stored
--- value starts with the limit's text; when it is the request's limit, whose
--- arguments were checked above, only the level and stamp are parsed: digits
--- (so tonumber has one reading) in range (so exact). stored is the key's
--- value, read by the caller.
+-- value starts with the limit's text; when it is the request's limit (same),
+-- whose arguments were checked above, only the level and stamp are parsed:
+-- digits (so the conversion has one reading) in range (so exact). stored
+-- is the key's value, read by the caller.
 local function load(stored, same)
   local tokens, frac, stamp = C, 0, now
   if same then
