@@ -495,7 +495,9 @@ func TestScriptSharedTakes(t *testing.T) {
 		for _, w := range which {
 			args = append(args, keys[w])
 		}
-		args = append(args, "takes", now, pl.c, pl.n, pl.p, pl.n1, pl.p1, costs[0], 0, 0, 0)
+		// A least TTL of a minute: the explicit time does not follow the
+		// server's clock, which expires the keys.
+		args = append(args, "takes", now, pl.c, pl.n, pl.p, pl.n1, pl.p1, costs[0], 0, 60_000, 0)
 		for _, cost := range costs[1:] {
 			args = append(args, cost)
 		}
