@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -138,7 +139,7 @@ func TestClusterSlotMigration(t *testing.T) {
 // source migrating, the keys moving, and the slot handed over, to the
 // target first. It returns the number of slots moved.
 func moveSlots(ctx context.Context, c *redis.ClusterClient, slots []int64) (int, error) {
-	ranges, err := c.ClusterSlots(ctx).Result()
+	shards, err := c.ClusterShards(ctx).Result()
 	if err != nil {
 		return 0, err
 	}
@@ -146,24 +147,29 @@ func moveSlots(ctx context.Context, c *redis.ClusterClient, slots []int64) (int,
 		id   string
 		addr string
 		c    *redis.Client
+		from []redis.SlotRange // the slots it serves
 	}
 	var masters []*node
-	byID := map[string]*node{}
+	for _, sh := range shards {
+		for _, n := range sh.Nodes {
+			if n.Role != "master" {
+				continue
+			}
+			addr := net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+			m := &node{id: n.ID, addr: addr, c: redis.NewClient(&redis.Options{Addr: addr}), from: sh.Slots}
+			defer m.c.Close()
+			masters = append(masters, m)
+		}
+	}
 	owner := func(slot int64) *node {
-		for _, r := range ranges {
-			if int64(r.Start) <= slot && slot <= int64(r.End) {
-				return byID[r.Nodes[0].ID]
+		for _, m := range masters {
+			for _, r := range m.from {
+				if r.Start <= slot && slot <= r.End {
+					return m
+				}
 			}
 		}
 		return nil
-	}
-	for _, r := range ranges {
-		if byID[r.Nodes[0].ID] == nil {
-			n := &node{id: r.Nodes[0].ID, addr: r.Nodes[0].Addr, c: redis.NewClient(&redis.Options{Addr: r.Nodes[0].Addr})}
-			defer n.c.Close()
-			byID[n.id] = n
-			masters = append(masters, n)
-		}
 	}
 	if len(masters) < 2 {
 		return 0, fmt.Errorf("the cluster has %d masters; moving a slot needs two", len(masters))
