@@ -169,6 +169,46 @@ func (p *Server) Restart(t testing.TB) {
 	}
 }
 
+// Replica starts a private redis-server of t's own that replicates p, and
+// waits until its first synchronization is done. It stops when t ends.
+func (p *Server) Replica(t testing.TB) *Server {
+	t.Helper()
+	host, port, err := net.SplitHostPort(p.s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Send the first synchronization at once, not after the default 5 s
+	// wait for more replicas.
+	m := redis.NewClient(&redis.Options{Addr: p.s.addr})
+	err = m.ConfigSet(context.Background(), "repl-diskless-sync-delay", "0").Err()
+	m.Close()
+	if err != nil {
+		t.Fatalf("CONFIG SET repl-diskless-sync-delay on %s: %v", p.s.addr, err)
+	}
+	s, err := startServer("--replicaof", host, port)
+	if err != nil {
+		unavailable(t, err)
+	}
+	r := &Server{s: s}
+	t.Cleanup(func() { r.s.stop() })
+	c := redis.NewClient(&redis.Options{Addr: s.addr})
+	defer c.Close()
+	deadline := time.Now().Add(startTimeout)
+	for {
+		info, err := c.Info(context.Background(), "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica %s of %s not in sync after %v: %v, %q", s.addr, p.s.addr, startTimeout, err, info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Kill kills the server, as a crash would; it is not started again.
+func (p *Server) Kill() { p.s.kill() }
+
 func unavailable(t testing.TB, err error) {
 	t.Helper()
 	if os.Getenv("CI") == "true" {
