@@ -353,7 +353,7 @@ type decisionCmd struct{ *redis.Cmd }
 func (decisionCmd) NoRetry() bool { return true }
 
 // run runs the script by EVALSHA, and by EVAL if the server does not have it
-// cached, and returns its reply as strings.
+// cached, and returns its reply as go-redis read it (see bucket.lua).
 func (s *Store) run(ctx context.Context, keys []string, op string, now any, pl plan, cost, idTTL int64) ([]any, error) {
 	args := make([]any, 0, 3+len(keys)+11)
 	args = append(args, "evalsha", s.sha, len(keys))
