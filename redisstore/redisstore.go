@@ -352,15 +352,30 @@ type decisionCmd struct{ *redis.Cmd }
 // NoRetry tells go-redis not to retry the command.
 func (decisionCmd) NoRetry() bool { return true }
 
+// spec returns the script's spec argument for limit pl under the store's
+// settings: "C n P n' p' policy leastTTL ", each number followed by a space.
+// A bucket's value starts with the spec it was written under.
+func (s *Store) spec(pl plan) string {
+	b := make([]byte, 0, 64)
+	for _, v := range [...]int64{pl.c, pl.n, pl.p, pl.n1, pl.p1, int64(s.policy), s.minTTL} {
+		b = strconv.AppendInt(b, v, 10)
+		b = append(b, ' ')
+	}
+	return string(b)
+}
+
 // run runs the script by EVALSHA, and by EVAL if the server does not have it
 // cached, and returns its reply as go-redis read it (see bucket.lua).
 func (s *Store) run(ctx context.Context, keys []string, op string, now any, pl plan, cost, idTTL int64) ([]any, error) {
-	args := make([]any, 0, 3+len(keys)+11)
+	args := make([]any, 0, 3+len(keys)+5)
 	args = append(args, "evalsha", s.sha, len(keys))
 	for _, k := range keys {
 		args = append(args, k)
 	}
-	args = append(args, op, now, pl.c, pl.n, pl.p, pl.n1, pl.p1, cost, int64(s.policy), s.minTTL, idTTL)
+	args = append(args, op, now, s.spec(pl), cost)
+	if idTTL > 0 {
+		args = append(args, idTTL)
+	}
 	cmd, err := s.send(ctx, args)
 	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
 		s.scriptLoads.Add(1)
@@ -461,8 +476,8 @@ const (
 	argKeys = 3 // the first key
 	// With one key:
 	argOp   = 4
-	argCost = 11
-	argN    = 15 // the number of arguments
+	argCost = 7
+	argN    = 8 // the number of arguments
 )
 
 // shareID returns, for a take without a request ID sent by EVALSHA, what

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -66,6 +65,7 @@ func TestScriptMatchesPlan(t *testing.T) {
 			tc.to = edgeLimit(rt, "new")
 		}
 		tc.policy = rapid.SampledFrom([]sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "policy")
+		tc.otherSettings = rapid.Bool().Draw(rt, "written with other settings")
 		oldPlan, err := sluice.NewPlan(tc.from, time.Microsecond)
 		if err != nil {
 			rt.Fatalf("NewPlan(%v): %v", tc.from, err)
@@ -120,8 +120,9 @@ func TestScriptConversionEdges(t *testing.T) {
 // planCase is a bucket in state under limit from, asked at microsecond now
 // to take cost under limit to.
 type planCase struct {
-	from, to sluice.Limit
-	policy   sluice.ChangePolicy
+	from, to      sluice.Limit
+	policy        sluice.ChangePolicy
+	otherSettings bool // the bucket was written by a store with another policy and least TTL
 	state    sluice.State
 	now      int64
 	cost     int64
@@ -147,8 +148,16 @@ func (tc planCase) check(t interface {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	// The bucket as a store with these settings wrote it, or one with
+	// other settings (the limit is the same, the spec is not).
+	writer := s
+	if tc.otherSettings {
+		if writer, err = New(c, Options{Prefix: prefix, OnLimitChange: (tc.policy + 1) % 3}); err != nil {
+			t.Fatalf("New: %v", err)
+		}
+	}
 	const key = "k"
-	value := stateValue(tc.from, &oldPlan, tc.state)
+	value := stateValue(writer, tc.from, tc.state)
 	if err := c.Set(ctx, s.bucketKey(key), value, time.Minute).Err(); err != nil {
 		t.Fatalf("SET: %v", err)
 	}
@@ -181,15 +190,37 @@ func (tc planCase) check(t interface {
 	if err != nil {
 		t.Fatalf("GET after Take: %v", err)
 	}
-	if wantStored := stateValue(tc.to, &newPlan, want); stored != wantStored {
+	if wantStored := stateValue(s, tc.to, want); stored != wantStored {
 		t.Fatalf("Take%s, cost %d stored %q, want %q", call, tc.cost, stored, wantStored)
 	}
 }
 
-// stateValue is the bucket value the script stores for state st under l.
-func stateValue(l sluice.Limit, p *sluice.Plan, st sluice.State) string {
-	return fmt.Sprintf("%d %d %d %d %d %d %d %d", l.Capacity, l.Rate.Tokens, int64(l.Rate.Period/time.Microsecond),
-		p.RefillUnits(), p.Scale(), st.Tokens, st.Frac, st.Stamp)
+// stateValue is the bucket value the script stores for state st under l
+// with the settings of s: the spec, then the limit's C, n', p' and the
+// level as little-endian integers of 6, 7, 7, 6, 7 and 7 bytes.
+func stateValue(s *Store, l sluice.Limit, st sluice.State) string {
+	pl, err := compile(l)
+	if err != nil {
+		panic(fmt.Sprintf("compile(%v): %v", l, err))
+	}
+	return s.spec(pl) + levelBytes(pl.c, pl.n1, pl.p1, st.Tokens, int64(st.Frac), st.Stamp)
+}
+
+// levelBytes encodes the numbers of a bucket value as the script does:
+// struct.pack('<I6I7I7I6I7I7', c, n1, p1, tokens, frac, stamp).
+func levelBytes(c, n1, p1, tokens, frac, stamp int64) string {
+	var b []byte
+	for i, v := range []int64{c, n1, p1, tokens, frac, stamp} {
+		size := 7
+		if i == 0 || i == 3 {
+			size = 6
+		}
+		for range size {
+			b = append(b, byte(v))
+			v >>= 8
+		}
+	}
+	return string(b)
 }
 
 // micros returns the time us microseconds after the store's epoch.
@@ -211,9 +242,21 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := []string{s.bucketKey("k"), s.recordKey("k", "id")}
-	// A valid take with a request ID: 10 tokens, 3 per second.
+	// The fields of a valid take with a request ID, 10 tokens, 3 per
+	// second: operation, time, C, n, P, n', p', cost, policy, least TTL,
+	// request-ID memory; for "takes", the fields after the least TTL are
+	// the further costs. args makes the script's arguments of them, the
+	// seven numbers of the spec joined into one.
 	good := []string{"take", "1000000", "10", "3", "1000000", "3", "1000000", "1", "0", "0", "60000000"}
 	edges := []string{"nan", "inf", "-inf", "1e309", "0x10", "-0", "-1", " 12 ", "12 ", "1.5", "1e8", "01", "9007199254740993", "9007199254740992", "99999999999999999999", ""}
+	args := func(f []string) []string {
+		spec := strings.Join(append(slices.Clone(f[2:7]), f[8], f[9]), " ") + " "
+		a := []string{f[0], f[1], spec, f[7]}
+		if f[0] == "takes" {
+			return append(a, f[11:]...)
+		}
+		return append(a, f[10:]...)
+	}
 	run := func(keys []string, args []string) error {
 		a := make([]any, len(args))
 		for i, v := range args {
@@ -221,7 +264,7 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 		}
 		return redis.NewScript(script).Run(ctx, c, keys, a...).Err()
 	}
-	if err := run(keys, good); err != nil {
+	if err := run(keys, args(good)); err != nil {
 		t.Fatalf("the valid call fails: %v", err)
 	}
 	if err := deleteKeys(ctx, c, prefix); err != nil {
@@ -233,12 +276,12 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 		keys []string
 		args []string
 	}
-	var calls []call
+	var calls, raw []call // fields, and script arguments
 	for i := 1; i < len(good); i++ {
 		for _, e := range edges {
 			args := append([]string(nil), good...)
 			args[i] = e
-			calls = append(calls, call{fmt.Sprintf("ARGV[%d]=%q", i+1, e), keys, args})
+			calls = append(calls, call{fmt.Sprintf("field %d=%q", i+1, e), keys, args})
 		}
 	}
 	with := func(name string, f func(args []string) []string) {
@@ -276,7 +319,6 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 	calls = append(calls,
 		call{"takes, a key short", []string{bucket}, append(slices.Clone(takes), "1")},
 		call{"takes, a key too many", []string{bucket, bucket, bucket}, append(slices.Clone(takes), "1")},
-		call{"takes with request-ID memory", []string{bucket}, func() []string { a := slices.Clone(takes); a[10] = "60000000"; return a }()},
 		call{"peek with a second cost", []string{bucket}, append([]string{"peek"}, append(slices.Clone(takes[1:]), "1")...)},
 	)
 	calls = append(calls,
@@ -284,7 +326,16 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 		call{"three keys", append(keys, s.bucketKey("x")), good},
 		call{"no key", nil, good},
 	)
+	spec := args(good)[2]
+	for _, bad := range []string{strings.TrimSuffix(spec, " "), spec + "0 ", " " + spec, strings.Replace(spec, " ", "  ", 1), strings.Replace(spec, " ", "\t", 1)} {
+		a := args(good)
+		a[2] = bad
+		raw = append(raw, call{fmt.Sprintf("spec %q", bad), keys, a})
+	}
 	for _, tt := range calls {
+		raw = append(raw, call{tt.name, tt.keys, args(tt.args)})
+	}
+	for _, tt := range raw {
 		t.Run(tt.name, func(t *testing.T) {
 			err := run(tt.keys, tt.args)
 			if err == nil || !strings.Contains(err.Error(), "sluice:") {
@@ -309,6 +360,11 @@ func TestScriptRejectsForeignValues(t *testing.T) {
 	s := newStore(t, c, Options{})
 	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(3)}
 	bucket, record := s.bucketKey("k"), s.recordKey("k", "id")
+	// foreign is a value in the store's layout under l with a level the
+	// store cannot have written.
+	foreign := func(tokens, frac, stamp int64) string {
+		return s.spec(plan{c: 10, n: 3, p: 1_000_000, n1: 3, p1: 1_000_000}) + levelBytes(10, 3, 1_000_000, tokens, frac, stamp)
+	}
 	tests := []struct {
 		name  string
 		key   string
@@ -322,13 +378,13 @@ func TestScriptRejectsForeignValues(t *testing.T) {
 			func() error { return c.Set(ctx, bucket, "hello", 0).Err() },
 			func() (string, error) { return c.Get(ctx, bucket).Result() }},
 		{"bucket tokens above capacity", bucket,
-			func() error { return c.Set(ctx, bucket, "10 3 1000000 3 1000000 11 0 5", 0).Err() },
+			func() error { return c.Set(ctx, bucket, foreign(11, 0, 5), 0).Err() },
 			func() (string, error) { return c.Get(ctx, bucket).Result() }},
 		{"bucket stamp 2^53", bucket,
-			func() error { return c.Set(ctx, bucket, "10 3 1000000 3 1000000 1 0 9007199254740992", 0).Err() },
+			func() error { return c.Set(ctx, bucket, foreign(1, 0, 1<<53), 0).Err() },
 			func() (string, error) { return c.Get(ctx, bucket).Result() }},
 		{"bucket fraction of a full bucket", bucket,
-			func() error { return c.Set(ctx, bucket, "10 3 1000000 3 1000000 10 5 5", 0).Err() },
+			func() error { return c.Set(ctx, bucket, foreign(10, 5, 5), 0).Err() },
 			func() (string, error) { return c.Get(ctx, bucket).Result() }},
 		{"record is a list", record,
 			func() error { return c.RPush(ctx, record, "x").Err() },
@@ -382,12 +438,11 @@ func TestStoredStampNeverMovesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	future := tm.Sub(time.Unix(epochUnix, 0)).Microseconds() + int64(time.Hour/time.Microsecond)
-	stamp := strconv.FormatInt(future, 10)
 
 	// Empty at a stamp an hour ahead, with the expiry the server that
 	// wrote it gave it: one token is an hour and a second away, the full
 	// bucket an hour and ten seconds. The denial writes nothing.
-	value := "10 1 1000000 1 1000000 0 0 " + stamp
+	value := stateValue(s, l, sluice.State{Tokens: 0, Stamp: future})
 	if err := c.Set(ctx, s.bucketKey("k"), value, time.Hour+10*time.Second+time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -408,7 +463,7 @@ func TestStoredStampNeverMovesBack(t *testing.T) {
 
 	// Five tokens at that stamp: the take is allowed at the stamp, not
 	// now, and the expiry is set from the stamp: full 6s after it.
-	if err := c.Set(ctx, s.bucketKey("k"), "10 1 1000000 1 1000000 5 0 "+stamp, 0).Err(); err != nil {
+	if err := c.Set(ctx, s.bucketKey("k"), stateValue(s, l, sluice.State{Tokens: 5, Stamp: future}), 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	d, err = s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
@@ -418,7 +473,7 @@ func TestStoredStampNeverMovesBack(t *testing.T) {
 	if !d.Allowed || d.Remaining != 4 || d.ResetAfter != 6*time.Second {
 		t.Errorf("Take = %+v; want allowed, 4 remaining, reset 6s after the stamp", d)
 	}
-	want := "10 1 1000000 1 1000000 4 0 " + stamp
+	want := stateValue(s, l, sluice.State{Tokens: 4, Stamp: future})
 	if got, err := c.Get(ctx, s.bucketKey("k")).Result(); err != nil || got != want {
 		t.Errorf("bucket after Take = %q, %v; want %q (the stamp kept)", got, err, want)
 	}
@@ -475,7 +530,7 @@ func TestScriptSharedTakes(t *testing.T) {
 				values[i] = "(missing)"
 				continue
 			}
-			values[i] = stateValue(from, &oldPlan, st)
+			values[i] = stateValue(s, from, st)
 			if err := c.Set(ctx, key, values[i], time.Minute).Err(); err != nil {
 				rt.Fatalf("SET: %v", err)
 			}
@@ -495,9 +550,9 @@ func TestScriptSharedTakes(t *testing.T) {
 		for _, w := range which {
 			args = append(args, keys[w])
 		}
-		// A least TTL of a minute: the explicit time does not follow the
-		// server's clock, which expires the keys.
-		args = append(args, "takes", now, pl.c, pl.n, pl.p, pl.n1, pl.p1, costs[0], 0, 60_000, 0)
+		// The store's least TTL of an hour: the explicit time does not
+		// follow the server's clock, which expires the keys.
+		args = append(args, "takes", now, s.spec(pl), costs[0])
 		for _, cost := range costs[1:] {
 			args = append(args, cost)
 		}
@@ -523,8 +578,8 @@ func TestScriptSharedTakes(t *testing.T) {
 			if !slices.Contains(which, i) {
 				continue
 			}
-			if stored, err := c.Get(ctx, key).Result(); err != nil || stored != stateValue(to, &newPlan, want[i]) {
-				rt.Fatalf("bucket %d stored %q, %v; want Plan's %q", i, stored, err, stateValue(to, &newPlan, want[i]))
+			if stored, err := c.Get(ctx, key).Result(); err != nil || stored != stateValue(s, to, want[i]) {
+				rt.Fatalf("bucket %d stored %q, %v; want Plan's %q", i, stored, err, stateValue(s, to, want[i]))
 			}
 		}
 	})

@@ -14,10 +14,10 @@ import (
 const scriptPath = "../../redisstore/bucket.lua"
 
 // scriptArgs are the ARGV redisstore sends for a take without a request ID
-// under the benchmark limit: operation, time from Redis TIME, capacity
-// 1000, 1000 tokens per 1,000,000 µs, reduced rate 1/1000, cost 1, policy
-// 0 (keep), least TTL 0 ms, request-ID memory 0.
-var scriptArgs = []string{"take", "redis", "1000", "1000", "1000000", "1", "1000", "1", "0", "0", "0"}
+// under the benchmark limit: operation, time from Redis TIME, the spec
+// (capacity 1000, 1000 tokens per 1,000,000 µs, reduced rate 1/1000, policy
+// 0 (keep), least TTL 0 ms), cost 1.
+var scriptArgs = []string{"take", "redis", "1000 1000 1000000 1 1000 0 0 ", "1"}
 
 // clientLimiters compare Redis clients under sluice's script: redisstore
 // with its default batching through go-redis (sluiceDefault), the bare script through
