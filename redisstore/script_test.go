@@ -123,9 +123,9 @@ type planCase struct {
 	from, to      sluice.Limit
 	policy        sluice.ChangePolicy
 	otherSettings bool // the bucket was written by a store with another policy and least TTL
-	state    sluice.State
-	now      int64
-	cost     int64
+	state         sluice.State
+	now           int64
+	cost          int64
 }
 
 // check writes the bucket directly, then requires the store's Peek and Take
