@@ -10,8 +10,8 @@
 --          under one limit at one time), or "peek" (reads only, writes
 --          nothing)
 -- ARGV[2]  now: "redis" (read Redis TIME) or microseconds since 2020-01-01Z
--- ARGV[3]  the spec: the limit and the store's settings, seven decimal
---          integers each followed by one space, "C n P n' p' policy ttl ":
+-- ARGV[3]  the spec: the limit and the store's settings, 38 bytes,
+--          struct.pack(SPEC, C, n, P, n', p', policy, ttl):
 --            C       capacity                        [1, 2^40]
 --            n       rate tokens                     [0, 2^40]
 --            P       rate period, microseconds       [1, 366 days]
@@ -28,25 +28,26 @@
 --          bucket is read once and written once, and the reply holds one
 --          decision per take.
 --
--- Numbers are Lua doubles, exact only below 2^53. Every argument must be a
--- canonical decimal integer in its range, and every stored number in its
--- range, or the script raises an error; every intermediate stays below 2^53
--- (the bound is noted beside each step). All checks and arithmetic come
--- before the first write, so a call that fails writes nothing.
+-- Numbers are Lua doubles, exact only below 2^53. The spec's numbers are
+-- integers by their encoding and must be in range; every text argument
+-- must be a canonical decimal integer in its range; every stored number
+-- must be in its range; or the script raises an error. Every intermediate
+-- stays below 2^53 (the bound is noted beside each step). All checks and
+-- arithmetic come before the first write, so a call that fails writes
+-- nothing.
 --
 -- A denial on Redis TIME of a bucket stored under the same spec writes
 -- nothing (see quietDenials below); every other decision but "peek"
 -- writes each bucket it read.
 --
--- Bucket value:  the spec it was written under, then 40 bytes:
---                struct.pack(LEVEL, C, n', p', tokens, frac, stamp); the
---                level is tokens + frac/p', brought up to date at
---                microsecond stamp. The spec is text, so that one string
---                comparison tells whether the request's spec is the
---                stored one, which the call that wrote it checked in full;
---                the numbers are binary, so that one call reads them all
---                (a pattern match and a conversion per number would cost
---                more than the rest of a decision).
+-- Bucket value:  the spec it was written under, then 20 bytes,
+--                struct.pack('<I6I7I7', tokens, frac, stamp): the level
+--                tokens + frac/p', brought up to date at microsecond
+--                stamp. So one string comparison tells whether the
+--                request's spec is the stored one, which the call that
+--                wrote it checked in full, and one struct.unpack reads every
+--                number; text would cost a pattern match and a conversion
+--                per number, more than the rest of a decision.
 -- Record value:  "at cost C n P allowed remaining retry reset", waits in
 --                microseconds or "n" (never).
 -- Reply:         {"ok" | "replay", allowed (0|1), remaining, retry, reset}
@@ -60,10 +61,12 @@ local MAX_CAPACITY = 1099511627776 -- 2^40, sluice.MaxCapacity
 local MAX_TOKENS = 1099511627776   -- 2^40, sluice.MaxTokens
 local MAX_PERIOD = 31622400000000  -- 366 days in microseconds, sluice.MaxPeriod
 local EPOCH = 1577836800000000     -- 2020-01-01T00:00:00Z, microseconds since 1970
--- Little-endian unsigned integers of 6 and 7 bytes: C <= 2^40 < 2^48;
--- n' <= 2^40; p', frac < 2^52; tokens <= C; stamp < 2^53 < 2^56.
-local LEVEL = '<I6I7I7I6I7I7'
-local LEVEL_LEN = 40
+-- Little-endian unsigned integers of 6, 7 and 1 bytes: C, n, n' <= 2^40,
+-- P, p' < 2^45 and tokens <= C fit 6; frac < 2^52 and stamp, ttl < 2^53
+-- fit 7.
+local SPEC = '<I6I6I6I6I6BI7'
+local SPEC_LEN = 38
+local LEVEL_LEN = 20
 
 -- Library functions as locals. Strings known to hold only digits are
 -- converted by arithmetic coercion (s + 0), which reads them as tonumber
@@ -99,40 +102,41 @@ local function int(what, s, lo, hi)
   return x
 end
 
--- level reads a bucket value whose numbers start at byte i, checks them,
--- and returns its limit (C, n', p') and its level tokens + frac/p' brought
--- up to date at now, and its stamp: time never runs backwards inside a
--- bucket. The numbers are integers by their encoding and checked in range
--- here, so that not even a foreign value makes an intermediate inexact.
--- The refill is sluice.Plan.Refill: (at - stamp) * n' units capped at
--- full. The elapsed time is compared with the time until full before it
--- is multiplied, so (at - stamp) * n' < D < 2^52.
-local function level(stored, i, now)
-  local c, n1, p1, tokens, frac, stamp = struct.unpack('<I6I7I7I6I7I7', stored, i)
+-- level reads a bucket value (a spec and a level), checks it, and returns
+-- its limit (C, n', p'), its level tokens + frac/p' brought up to date at
+-- now and its stamp (time never runs backwards inside a bucket), then the
+-- spec's least TTL, n and P. The numbers are integers by their encoding
+-- and checked in range here, so that not even a foreign value makes an
+-- intermediate inexact. The refill is sluice.Plan.Refill: (now - stamp) *
+-- n' units capped at full. The elapsed time is compared with the time
+-- until full before it is multiplied, so (now - stamp) * n' < D < 2^52.
+local function level(stored, now)
+  local c, n, P, n1, p1, _, ttl, tokens, frac, stamp = struct.unpack('<I6I6I6I6I6BI7I6I7I7', stored)
   if c < 1 or c > 1099511627776 or n1 > 1099511627776 or p1 < 1 or c * p1 >= 4503599627370496 or
-      tokens > c or frac >= p1 or stamp >= 9007199254740992 or (tokens == c and frac ~= 0) then
-    fail('bucket key holds a state sluice did not write')
+      tokens > c or frac >= p1 or stamp >= 9007199254740992 or (tokens == c and frac ~= 0) or
+      ttl >= 9007199254740992 then
+    error({err = 'ERR sluice: bucket key holds a state sluice did not write'})
   end
   if now > stamp and n1 > 0 and tokens < c then
     local elapsed = now - stamp
-    stamp = now
     local d = (c - tokens) * p1 - frac -- D < C * p' < 2^52
     local r = d % n1
     if r < 0 then r = r + n1 elseif r >= n1 then r = r - n1 end
     local full = (d - r) / n1 -- ceil(D / n'): microseconds until full
     if r > 0 then full = full + 1 end
     if elapsed >= full then
-      return c, n1, p1, c, 0, stamp
+      return c, n1, p1, c, 0, now, ttl, n, P
     end
     -- elapsed * n' < D, so the sum is below (c - tokens) * p' < 2^52.
     local u = elapsed * n1 + frac
     r = u % p1
     if r < 0 then r = r + p1 elseif r >= p1 then r = r - p1 end
-    return c, n1, p1, tokens + (u - r) / p1, r, stamp
+    return c, n1, p1, tokens + (u - r) / p1, r, now, ttl, n, P
   end
   if now > stamp then stamp = now end
-  return c, n1, p1, tokens, frac, stamp
+  return c, n1, p1, tokens, frac, stamp, ttl, n, P
 end
+
 -- decide takes (or, for a peek, tests) cost tokens from the level tokens +
 -- frac/p1 of a bucket of capacity c refilling n1 units a microsecond, and
 -- returns whether it allowed, the tokens left, and the waits in
@@ -172,8 +176,8 @@ end
 -- / 1000) + 1 ms (the extra ms covers a server whose expiry clock was read
 -- before TIME; the sum may exceed 2^53, so each term is divided alone), but
 -- not before the spec's least TTL, and never if it never refills.
-local function store(key, spec, c, n1, p1, tokens, frac, stamp, reset, now)
-  local value = spec .. struct.pack('<I6I7I7I6I7I7', c, n1, p1, tokens, frac, stamp)
+local function store(key, spec, tokens, frac, stamp, reset, now, least)
+  local value = spec .. struct.pack('<I6I7I7', tokens, frac, stamp)
   if reset == nil then
     redis.call('SET', key, value)
     return
@@ -184,7 +188,6 @@ local function store(key, spec, c, n1, p1, tokens, frac, stamp, reset, now)
   local ttl = (stamp - now - ra) / 1000 + (reset - rb) / 1000 + 1
   if ra + rb > 0 then ttl = ttl + 1 end
   if ra + rb > 1000 then ttl = ttl + 1 end
-  local least = string.match(spec, '(%d+) $') + 0
   if ttl < least then ttl = least end
   redis.call('SET', key, value, 'PX', string.format('%d', ttl))
 end
@@ -213,40 +216,38 @@ else
   now = int('time', now, 0, TWO53 - 1)
 end
 
--- The spec. A bucket stored under the request's spec (the same text)
--- carries its numbers, checked by the call that wrote it, so a take or peek
--- of such a bucket does not parse the spec. Every other call checks it in
--- full: at once, and field by field only to name a fault.
+-- The spec. A bucket stored under the request's spec (the same bytes)
+-- carries it, checked by the call that wrote it, so a take or peek of such
+-- a bucket does not check the spec. Every other call checks it in full.
 local spec = ARGV[3]
-local specLen = #spec
+if #spec ~= SPEC_LEN then
+  fail(format('spec of %d bytes, want %d', #spec, SPEC_LEN))
+end
 local first = redis.call('GET', KEYS[1])
-local firstSame = first and #first == specLen + LEVEL_LEN and find(first, spec, 1, true) == 1
-local C, n, P, n1, p1, policy
+local firstSame = first and #first == SPEC_LEN + LEVEL_LEN and find(first, spec, 1, true) == 1
+local C, n, P, n1, p1, policy, least
 if not firstSame or op == 'takes' then
-  local f = {match(spec, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) $')}
-  if #f ~= 7 then
-    if #spec > 40 then spec = sub(spec, 1, 40) .. '...' end
-    fail(format('spec %q is not seven decimal integers, each followed by a space', spec))
-  end
-  local ttl
-  C, n, P, n1, p1, policy, ttl = f[1] + 0, f[2] + 0, f[3] + 0, f[4] + 0, f[5] + 0, f[6] + 0, f[7] + 0
-  -- A leading zero is a digit 0 after a non-digit and before a digit.
-  if find(spec, '%f[%d]0%d') or not (C >= 1 and C <= MAX_CAPACITY and n <= MAX_TOKENS and
-      P >= 1 and P <= MAX_PERIOD and n1 <= n and p1 >= 1 and p1 <= P and policy <= 2 and ttl < TWO53) then
-    int('capacity', f[1], 1, MAX_CAPACITY)
-    int('rate tokens', f[2], 0, MAX_TOKENS)
-    int('rate period', f[3], 1, MAX_PERIOD)
-    int('reduced rate tokens', f[4], 0, n)
-    int('reduced rate period', f[5], 1, P)
-    int('limit-change policy', f[6], 0, 2)
-    int('least TTL', f[7], 0, TWO53 - 1)
+  C, n, P, n1, p1, policy, least = struct.unpack(SPEC, spec)
+  if not (C >= 1 and C <= MAX_CAPACITY and n <= MAX_TOKENS and P >= 1 and P <= MAX_PERIOD and
+      n1 <= n and p1 >= 1 and p1 <= P and policy <= 2 and least < TWO53) then
+    local function within(what, x, lo, hi)
+      if x < lo or x > hi then
+        fail(format('%s %d is outside [%d, %d]', what, x, lo, hi))
+      end
+    end
+    within('capacity', C, 1, MAX_CAPACITY)
+    within('rate tokens', n, 0, MAX_TOKENS)
+    within('rate period', P, 1, MAX_PERIOD)
+    within('reduced rate tokens', n1, 0, n)
+    within('reduced rate period', p1, 1, P)
+    within('limit-change policy', policy, 0, 2)
+    within('least TTL', least, 0, TWO53 - 1)
   end
   -- The reduced rate must be n/P in lowest terms: the fraction units of a
-  -- stored bucket are counted on that grid. Every % here is of integers
-  -- below 2^53 whose quotient is at most 2^46 and, where it matters,
-  -- checked exact: x % y == 0 is exact (a multiple's quotient is an
-  -- integer, exactly representable), and Euclid's remainders are fixed as
-  -- in divmod.
+  -- stored bucket are counted on that grid. x % y == 0 is exact for
+  -- integers below 2^53 (a multiple's quotient is an integer, exactly
+  -- representable; otherwise x - floor(x/y)*y is a nonzero integer), and
+  -- Euclid's remainders are corrected as in divmod.
   local reduced
   if n == 0 then
     reduced = n1 == 0 and p1 == 1
@@ -261,10 +262,10 @@ if not firstSame or op == 'takes' then
     reduced = reduced and x == 1
   end
   if not reduced then
-    fail('reduced rate ' .. f[4] .. '/' .. f[5] .. ' is not ' .. f[2] .. '/' .. f[3] .. ' in lowest terms')
+    fail(format('reduced rate %d/%d is not %d/%d in lowest terms', n1, p1, n, P))
   end
   if C * p1 >= TWO52 then -- rounding is monotonic, so the comparison is exact
-    fail('capacity ' .. f[1] .. ' times reduced period ' .. f[5] .. ' is 2^52 or more: Redis cannot decide this limit exactly')
+    fail(format('capacity %d times reduced period %d is 2^52 or more: Redis cannot decide this limit exactly', C, p1))
   end
 end
 
@@ -284,7 +285,7 @@ local quietDenials = ARGV[2] == 'redis'
 if not withID and op ~= 'takes' and (firstSame or not first) then
   local tokens, frac, stamp
   if firstSame then
-    C, n1, p1, tokens, frac, stamp = level(first, specLen + 1, now)
+    C, n1, p1, tokens, frac, stamp, least = level(first, now)
   else
     tokens, frac, stamp = C, 0, now
   end
@@ -297,7 +298,7 @@ if not withID and op ~= 'takes' and (firstSame or not first) then
   if cost >= 1 and cost <= C then
     local allowed, left, retry, reset = decide(tokens, frac, cost, C, n1, p1, op == 'peek')
     if op == 'take' and (allowed or not (quietDenials and firstSame)) then
-      store(KEYS[1], spec, C, n1, p1, left, frac, stamp, reset, now)
+      store(KEYS[1], spec, left, frac, stamp, reset, now, least)
     end
     return {'ok', allowed and 1 or 0, left, retry or -1, reset or -1}
   end
@@ -325,12 +326,8 @@ end
 -- can be checked against its C; one under another spec is read by load.
 local T1, F1, S1
 if firstSame then
-  local c, a, b
-  c, a, b, T1, F1, S1 = level(first, specLen + 1, now)
-  if C and (c ~= C or a ~= n1 or b ~= p1) then
-    fail('bucket key holds a state sluice did not write')
-  end
-  C, n1, p1 = c, a, b
+  -- The spec is the stored one; for "takes" it was also checked above.
+  C, n1, p1, T1, F1, S1, least, n, P = level(first, now)
 end
 
 local cost = int('cost', ARGV[4], 1, C)
@@ -357,7 +354,7 @@ if withID then
     end
     local at0 = int('stored time', at, 0, TWO53 - 1)
     if now < at0 or now - at0 < idTTL then
-      if rcost == ARGV[4] and find(spec, rC .. ' ' .. rn .. ' ' .. rP .. ' ', 1, true) == 1 then
+      if rcost == ARGV[4] and rC == format('%d', C) and rn == format('%d', n) and rP == format('%d', P) then
         if not (retry == 'n' or find(retry, '^%d+$')) or not (reset == 'n' or find(reset, '^%d+$')) then
           fail('request-ID key holds a value sluice did not write')
         end
@@ -394,7 +391,7 @@ end
 -- one stored under another spec is converted to the request's limit.
 local function load(stored, same)
   if same then
-    local c, a, b, tokens, frac, stamp = level(stored, specLen + 1, now)
+    local c, a, b, tokens, frac, stamp = level(stored, now)
     if c ~= C or a ~= n1 or b ~= p1 then
       fail('bucket key holds a state sluice did not write')
     end
@@ -403,22 +400,10 @@ local function load(stored, same)
   if not stored then
     return C, 0, now
   end
-  local f = {}
-  if #stored > LEVEL_LEN then
-    f = {match(sub(stored, 1, #stored - LEVEL_LEN), '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) $')}
-  end
-  if #f ~= 7 then
+  if #stored ~= SPEC_LEN + LEVEL_LEN then
     fail('bucket key holds a value sluice did not write')
   end
-  local C0 = int('stored capacity', f[1], 1, MAX_CAPACITY)
-  local n0 = int('stored rate tokens', f[2], 0, MAX_TOKENS)
-  local P0 = int('stored rate period', f[3], 1, MAX_PERIOD)
-  local a0 = int('stored reduced rate tokens', f[4], 0, n0)
-  local b0 = int('stored reduced rate period', f[5], 1, P0)
-  local c, a, b, t0, f0, stamp = level(stored, #stored - LEVEL_LEN + 1, now)
-  if c ~= C0 or a ~= a0 or b ~= b0 then
-    fail('bucket key holds a state sluice did not write')
-  end
+  local C0, a0, b0, t0, f0, stamp, _, n0, P0 = level(stored, now)
   if C0 == C and n0 == n and P0 == P then
     if a0 ~= n1 or b0 ~= p1 then
       fail('bucket key holds a rate reduced otherwise')
@@ -463,7 +448,7 @@ for i = 1, #costs do
       W[j] = not (quietDenials and firstSame)
     else
       local stored = redis.call('GET', key)
-      local same = stored and #stored == specLen + LEVEL_LEN and find(stored, spec, 1, true) == 1
+      local same = stored and #stored == SPEC_LEN + LEVEL_LEN and find(stored, spec, 1, true) == 1
       T[j], F[j], S[j] = load(stored, same)
       W[j] = not (quietDenials and same)
     end
@@ -484,16 +469,15 @@ if op == 'peek' then
 end
 for j = 1, #K do
   if W[j] then
-    store(K[j], spec, C, n1, p1, T[j], F[j], S[j], R[j], now)
+    store(K[j], spec, T[j], F[j], S[j], R[j], now, least)
   end
 end
 if withID then
-  local rec = format('%d %s %s %d %d %s %s', now, ARGV[4], match(spec, '^%d+ %d+ %d+'),
+  local rec = format('%d %s %d %d %d %d %d %s %s', now, ARGV[4], C, n, P,
     reply[2], reply[3], reply[4] >= 0 and format('%d', reply[4]) or 'n', reply[5] >= 0 and format('%d', reply[5]) or 'n')
   local q, r = divmod(idTTL, 1000)
   local ttl = q + 1
   if r > 0 then ttl = ttl + 1 end
-  local least = match(spec, '(%d+) $') + 0
   if ttl < least then ttl = least end
   redis.call('SET', KEYS[2], rec, 'PX', format('%d', ttl))
 end

@@ -353,15 +353,35 @@ type decisionCmd struct{ *redis.Cmd }
 func (decisionCmd) NoRetry() bool { return true }
 
 // spec returns the script's spec argument for limit pl under the store's
-// settings: "C n P n' p' policy leastTTL ", each number followed by a space.
-// A bucket's value starts with the spec it was written under.
+// settings (see bucket.lua).
 func (s *Store) spec(pl plan) string {
-	b := make([]byte, 0, 64)
-	for _, v := range [...]int64{pl.c, pl.n, pl.p, pl.n1, pl.p1, int64(s.policy), s.minTTL} {
-		b = strconv.AppendInt(b, v, 10)
-		b = append(b, ' ')
+	return specArg(pl, int64(s.policy), s.minTTL)
+}
+
+// specLen is the length of a spec argument.
+const specLen = 38
+
+// specArg encodes a spec as the script reads it,
+// struct.unpack('<I6I6I6I6I6BI7'): C, n, P, n', p' as little-endian
+// unsigned integers of 6 bytes, the limit-change policy as 1 and the least
+// TTL in milliseconds as 7. A bucket's value starts with the spec it was
+// written under.
+func specArg(pl plan, policy, leastTTL int64) string {
+	var b [specLen]byte
+	i := 0
+	put := func(v int64, size int) {
+		for range size {
+			b[i] = byte(v)
+			v >>= 8
+			i++
+		}
 	}
-	return string(b)
+	for _, v := range [...]int64{pl.c, pl.n, pl.p, pl.n1, pl.p1} {
+		put(v, 6)
+	}
+	put(policy, 1)
+	put(leastTTL, 7)
+	return string(b[:])
 }
 
 // run runs the script by EVALSHA, and by EVAL if the server does not have it

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -196,23 +197,22 @@ func (tc planCase) check(t interface {
 }
 
 // stateValue is the bucket value the script stores for state st under l
-// with the settings of s: the spec, then the limit's C, n', p' and the
-// level as little-endian integers of 6, 7, 7, 6, 7 and 7 bytes.
+// with the settings of s: the spec, then the level.
 func stateValue(s *Store, l sluice.Limit, st sluice.State) string {
 	pl, err := compile(l)
 	if err != nil {
 		panic(fmt.Sprintf("compile(%v): %v", l, err))
 	}
-	return s.spec(pl) + levelBytes(pl.c, pl.n1, pl.p1, st.Tokens, int64(st.Frac), st.Stamp)
+	return s.spec(pl) + levelBytes(st.Tokens, int64(st.Frac), st.Stamp)
 }
 
-// levelBytes encodes the numbers of a bucket value as the script does:
-// struct.pack('<I6I7I7I6I7I7', c, n1, p1, tokens, frac, stamp).
-func levelBytes(c, n1, p1, tokens, frac, stamp int64) string {
+// levelBytes encodes the level of a bucket value as the script does:
+// struct.pack('<I6I7I7', tokens, frac, stamp).
+func levelBytes(tokens, frac, stamp int64) string {
 	var b []byte
-	for i, v := range []int64{c, n1, p1, tokens, frac, stamp} {
+	for i, v := range []int64{tokens, frac, stamp} {
 		size := 7
-		if i == 0 || i == 3 {
+		if i == 0 {
 			size = 6
 		}
 		for range size {
@@ -246,11 +246,20 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 	// second: operation, time, C, n, P, n', p', cost, policy, least TTL,
 	// request-ID memory; for "takes", the fields after the least TTL are
 	// the further costs. args makes the script's arguments of them, the
-	// seven numbers of the spec joined into one.
+	// seven numbers of the spec encoded into one.
 	good := []string{"take", "1000000", "10", "3", "1000000", "3", "1000000", "1", "0", "0", "60000000"}
 	edges := []string{"nan", "inf", "-inf", "1e309", "0x10", "-0", "-1", " 12 ", "12 ", "1.5", "1e8", "01", "9007199254740993", "9007199254740992", "99999999999999999999", ""}
+	textFields := []int{1, 7, 10} // time, cost, request-ID memory
 	args := func(f []string) []string {
-		spec := strings.Join(append(slices.Clone(f[2:7]), f[8], f[9]), " ") + " "
+		var n [7]int64
+		for i, v := range append(slices.Clone(f[2:7]), f[8], f[9]) {
+			x, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("spec field %q: %v", v, err)
+			}
+			n[i] = x
+		}
+		spec := specArg(plan{c: n[0], n: n[1], p: n[2], n1: n[3], p1: n[4]}, n[5], n[6])
 		a := []string{f[0], f[1], spec, f[7]}
 		if f[0] == "takes" {
 			return append(a, f[11:]...)
@@ -277,7 +286,7 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 		args []string
 	}
 	var calls, raw []call // fields, and script arguments
-	for i := 1; i < len(good); i++ {
+	for _, i := range textFields {
 		for _, e := range edges {
 			args := append([]string(nil), good...)
 			args[i] = e
@@ -306,6 +315,8 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 	with("policy 3", func(a []string) []string { a[8] = "3"; return a })
 	with("request-ID memory 0", func(a []string) []string { a[10] = "0"; return a })
 	with("time 2^53", func(a []string) []string { a[1] = "9007199254740992"; return a })
+	with("least TTL 2^53", func(a []string) []string { a[9] = "9007199254740992"; return a })
+	with("period 2^46", func(a []string) []string { a[4], a[6] = "70368744177664", "70368744177664"; return a })
 	with("ten arguments", func(a []string) []string { return a[:10] })
 	with("twelve arguments", func(a []string) []string { return append(a, "0") })
 	with("a second cost with a request ID", func(a []string) []string { return append(a, "1") })
@@ -326,8 +337,10 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 		call{"three keys", append(keys, s.bucketKey("x")), good},
 		call{"no key", nil, good},
 	)
+	// The spec is binary: a value of any other length is refused, Lua's
+	// number edges among them.
 	spec := args(good)[2]
-	for _, bad := range []string{strings.TrimSuffix(spec, " "), spec + "0 ", " " + spec, strings.Replace(spec, " ", "  ", 1), strings.Replace(spec, " ", "\t", 1)} {
+	for _, bad := range append([]string{spec[:specLen-1], spec + "\x00", strings.Repeat("1", specLen)}, edges...) {
 		a := args(good)
 		a[2] = bad
 		raw = append(raw, call{fmt.Sprintf("spec %q", bad), keys, a})
@@ -363,7 +376,7 @@ func TestScriptRejectsForeignValues(t *testing.T) {
 	// foreign is a value in the store's layout under l with a level the
 	// store cannot have written.
 	foreign := func(tokens, frac, stamp int64) string {
-		return s.spec(plan{c: 10, n: 3, p: 1_000_000, n1: 3, p1: 1_000_000}) + levelBytes(10, 3, 1_000_000, tokens, frac, stamp)
+		return s.spec(plan{c: 10, n: 3, p: 1_000_000, n1: 3, p1: 1_000_000}) + levelBytes(tokens, frac, stamp)
 	}
 	tests := []struct {
 		name  string
@@ -746,7 +759,11 @@ func TestQuietDenials(t *testing.T) {
 			if d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 3, Limit: other}); err != nil || d.Allowed {
 				t.Fatalf("Take under another limit = %+v, %v; want denied", d, err)
 			}
-			if v, err := c.Get(ctx, key).Result(); err != nil || !strings.HasPrefix(v, "3 1 3600000000 ") {
+			pl, err := compile(other)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v, err := c.Get(ctx, key).Result(); err != nil || !strings.HasPrefix(v, s.spec(pl)) {
 				t.Errorf("after a denial under another limit the bucket holds %q, %v; want it stored under the new limit", v, err)
 			}
 		})

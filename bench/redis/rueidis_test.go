@@ -14,10 +14,24 @@ import (
 const scriptPath = "../../redisstore/bucket.lua"
 
 // scriptArgs are the ARGV redisstore sends for a take without a request ID
-// under the benchmark limit: operation, time from Redis TIME, the spec
-// (capacity 1000, 1000 tokens per 1,000,000 µs, reduced rate 1/1000, policy
-// 0 (keep), least TTL 0 ms), cost 1.
-var scriptArgs = []string{"take", "redis", "1000 1000 1000000 1 1000 0 0 ", "1"}
+// under the benchmark limit: operation, time from Redis TIME, the spec,
+// cost 1. The spec is what redisstore encodes (see its bucket.lua):
+// capacity 1000, 1000 tokens per 1,000,000 µs and the reduced rate 1/1000
+// as little-endian integers of 6 bytes, policy 0 (keep) in 1, least TTL 0
+// ms in 7.
+var scriptArgs = []string{"take", "redis", benchSpec(1000, 1000, 1_000_000, 1, 1000), "1"}
+
+// benchSpec encodes a spec with policy 0 and least TTL 0.
+func benchSpec(fields ...int64) string {
+	var b []byte
+	for _, v := range fields {
+		for range 6 {
+			b = append(b, byte(v))
+			v >>= 8
+		}
+	}
+	return string(append(b, make([]byte, 1+7)...))
+}
 
 // clientLimiters compare Redis clients under sluice's script: redisstore
 // with its default batching through go-redis (sluiceDefault), the bare script through
