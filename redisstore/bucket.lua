@@ -71,7 +71,7 @@ local LEVEL_LEN = 20
 -- Library functions as locals. Strings known to hold only digits are
 -- converted by arithmetic coercion (s + 0), which reads them as tonumber
 -- does without the cost of a function call.
-local find, match, sub, format = string.find, string.match, string.sub, string.format
+local find, match, format = string.find, string.match, string.format
 
 -- Every call creates the script's functions anew, and a function that
 -- refers to an outer local costs a search of the open locals when it is
@@ -83,23 +83,6 @@ local find, match, sub, format = string.find, string.match, string.sub, string.f
 
 local function fail(msg)
   error({err = 'ERR sluice: ' .. msg})
-end
-
--- int parses s, which must be a canonical decimal integer (digits only, no
--- leading zero) in [lo, hi], hi < 2^53. This refuses "nan", "inf", "1e309",
--- "0x10", "-0", " 12 ", "" and 9007199254740993: digits alone leave tonumber
--- no other reading, and a number of 2^53 or more rounds to 2^53 or more, so
--- the range check refuses it.
-local function int(what, s, lo, hi)
-  if not (s == '0' or string.find(s, '^[1-9]%d*$')) then
-    if #s > 24 then s = string.sub(s, 1, 24) .. '...' end
-    fail(string.format('%s %q is not a decimal integer', what, s))
-  end
-  local x = s + 0
-  if x < lo or x > hi then
-    fail(string.format('%s %s is outside [%d, %d]', what, s, lo, hi))
-  end
-  return x
 end
 
 -- level reads a bucket value (a spec and a level), checks it, and returns
@@ -212,8 +195,10 @@ if now == 'redis' then
   if not (now >= 0 and now < TWO53) then
     fail('the Redis clock (' .. tm[1] .. ' s) is outside 2020 to 2305')
   end
+elseif (now == '0' or find(now, '^[1-9]%d*$')) and now + 0 < TWO53 then
+  now = now + 0
 else
-  now = int('time', now, 0, TWO53 - 1)
+  now = nil -- refused on the general path, which names the fault
 end
 
 -- The spec. A bucket stored under the request's spec (the same bytes)
@@ -282,7 +267,7 @@ local quietDenials = ARGV[2] == 'redis'
 -- The fast path: one take without a request ID, or a peek, of a bucket
 -- stored under the spec or missing (full, stamped now), for a cost in
 -- range.
-if not withID and op ~= 'takes' and (firstSame or not first) then
+if now and not withID and op ~= 'takes' and (firstSame or not first) then
   local tokens, frac, stamp
   if firstSame then
     C, n1, p1, tokens, frac, stamp, least = level(first, now)
@@ -306,6 +291,27 @@ end
 
 -- The general path: a request ID, several takes, a bucket stored under
 -- another spec (converted), or a fault to report.
+
+-- int parses s, which must be a canonical decimal integer (digits only, no
+-- leading zero) in [lo, hi], hi < 2^53. This refuses "nan", "inf", "1e309",
+-- "0x10", "-0", " 12 ", "" and 9007199254740993: digits alone leave tonumber
+-- no other reading, and a number of 2^53 or more rounds to 2^53 or more, so
+-- the range check refuses it.
+local function int(what, s, lo, hi)
+  if not (s == '0' or string.find(s, '^[1-9]%d*$')) then
+    if #s > 24 then s = s:sub(1, 24) .. '...' end
+    fail(format('%s %q is not a decimal integer', what, s))
+  end
+  local x = s + 0
+  if x < lo or x > hi then
+    fail(format('%s %s is outside [%d, %d]', what, s, lo, hi))
+  end
+  return x
+end
+
+if not now then
+  now = int('time', ARGV[2], 0, TWO53 - 1)
+end
 
 -- divmod returns floor(a/b) and a mod b exactly, for integers a >= 0,
 -- b >= 1 and a + b < 2^53. Lua computes a % b as a - floor(a/b)*b; a/b is
