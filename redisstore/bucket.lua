@@ -120,38 +120,27 @@ local function level(stored, now)
   return c, n1, p1, tokens, frac, stamp, ttl, n, P
 end
 
+-- wait returns the microseconds, rounded up, until the level tokens +
+-- frac/p1 reaches target at n1 units a microsecond: 0 if it has, nil if it
+-- never does (n' = 0); below C * p' < 2^52.
+local function wait(tokens, frac, target, n1, p1)
+  if tokens >= target then return 0 end
+  if n1 == 0 then return nil end
+  local d = (target - tokens) * p1 - frac
+  local r = d % n1
+  if r < 0 then r = r + n1 elseif r >= n1 then r = r - n1 end
+  if r > 0 then return (d - r) / n1 + 1 end
+  return d / n1
+end
+
 -- decide takes (or, for a peek, tests) cost tokens from the level tokens +
 -- frac/p1 of a bucket of capacity c refilling n1 units a microsecond, and
--- returns whether it allowed, the tokens left, and the waits in
--- microseconds, rounded up, until cost tokens and until full (nil: never;
--- each below C * p' < 2^52).
+-- returns whether it allowed, the tokens left, and the waits until cost
+-- tokens and until full.
 local function decide(tokens, frac, cost, c, n1, p1, peek)
   local allowed = tokens >= cost -- frac is less than one token
-  local retry = 0
-  if allowed then
-    if not peek then tokens = tokens - cost end
-  elseif n1 == 0 then
-    retry = nil
-  else
-    local d = (cost - tokens) * p1 - frac
-    local r = d % n1
-    if r < 0 then r = r + n1 elseif r >= n1 then r = r - n1 end
-    retry = (d - r) / n1
-    if r > 0 then retry = retry + 1 end
-  end
-  local reset = 0
-  if tokens < c then
-    if n1 == 0 then
-      reset = nil
-    else
-      local d = (c - tokens) * p1 - frac
-      local r = d % n1
-      if r < 0 then r = r + n1 elseif r >= n1 then r = r - n1 end
-      reset = (d - r) / n1
-      if r > 0 then reset = reset + 1 end
-    end
-  end
-  return allowed, tokens, retry, reset
+  if allowed and not peek then tokens = tokens - cost end
+  return allowed, tokens, allowed and 0 or wait(tokens, frac, cost, n1, p1), wait(tokens, frac, c, n1, p1)
 end
 
 -- store writes a bucket under spec, with arguments known to be valid. It
