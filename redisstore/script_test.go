@@ -90,7 +90,8 @@ func TestScriptMatchesPlan(t *testing.T) {
 
 // TestScriptConversionEdges: limit changes whose exact products exceed
 // 2^53, where a float computation of floor(x*y/z) goes wrong (found by
-// TestScriptMatchesPlan against a script that used one).
+// TestScriptMatchesPlan against a script that used one), and a refill that
+// ends one microsecond before the bucket is full (7/3 µs rounds up to 3).
 func TestScriptConversionEdges(t *testing.T) {
 	c := redistest.Client(t)
 	prefix := newPrefix(t, c)
@@ -108,6 +109,9 @@ func TestScriptConversionEdges(t *testing.T) {
 		{"keep, fraction onto a finer grid", planCase{
 			from: maxTokens366d, to: sluice.Limit{Capacity: 142, Rate: sluice.Every(sluice.MaxPeriod)},
 			policy: sluice.KeepTokens, state: sluice.State{Tokens: 7, Frac: 1930078124}, now: 0, cost: 1}},
+		{"refill a microsecond short of full", planCase{
+			from: sluice.Limit{Capacity: 10, Rate: sluice.Per(3, 7*time.Microsecond)}, to: sluice.Limit{Capacity: 10, Rate: sluice.Per(3, 7*time.Microsecond)},
+			policy: sluice.KeepTokens, state: sluice.State{Tokens: 9, Stamp: 100}, now: 102, cost: 10}},
 		{"scale, both products near 2^52", planCase{
 			from:   sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(1, 4095*time.Microsecond)},
 			to:     sluice.Limit{Capacity: 1<<40 - 1, Rate: sluice.Per(3, 4093*time.Microsecond)},
