@@ -773,3 +773,61 @@ func TestQuietDenials(t *testing.T) {
 		})
 	}
 }
+
+// TestQuietDenialsShared: in one "takes" call on Redis TIME (how a batch
+// sends takes under one limit), a bucket stored under the same spec whose
+// takes are all denied is left as it was, with its expiry, while a bucket
+// with an allowed take is written.
+func TestQuietDenialsShared(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := t.Context()
+	s := newStore(t, c, Options{})
+	l := sluice.Limit{Capacity: 2, Rate: sluice.Per(1, time.Hour)}
+	empty, fresh := s.bucketKey("empty"), s.bucketKey("fresh")
+	for range 2 {
+		if d, err := s.Take(ctx, sluice.Request{Key: "empty", Cost: 1, Limit: l}); err != nil || !d.Allowed {
+			t.Fatalf("Take = %+v, %v; want allowed", d, err)
+		}
+	}
+	before, err := c.Get(ctx, empty).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PExpire(ctx, empty, 10*time.Hour).Err(); err != nil { // marks whether the call sets an expiry
+		t.Fatal(err)
+	}
+	pl, err := compile(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []any{"evalsha", s.sha, 3, empty, fresh, empty, "takes", "redis", s.spec(pl), 1, 1, 2}
+	reply, err := decisionCmdReply(ctx, c, args)
+	if err != nil {
+		t.Fatalf("takes: %v", err)
+	}
+	var allowed []bool
+	for i := 0; i+5 <= len(reply); i += 5 {
+		d, err := decision(reply[i:i+5], l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allowed = append(allowed, d.Allowed)
+	}
+	if want := []bool{false, true, false}; !slices.Equal(allowed, want) {
+		t.Fatalf("takes allowed %v, want %v", allowed, want)
+	}
+	after, err := c.Get(ctx, empty).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pttl, err := c.PTTL(ctx, empty).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before || pttl < 9*time.Hour {
+		t.Errorf("denied bucket: value %q → %q, PTTL %v; want it left as it was", before, after, pttl)
+	}
+	if n, err := c.Exists(ctx, fresh).Result(); err != nil || n != 1 {
+		t.Errorf("EXISTS of the bucket with an allowed take = %d, %v; want 1", n, err)
+	}
+}
