@@ -731,30 +731,12 @@ func TestQuietDenials(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newStore(t, c, tt.o)
 			key := s.bucketKey("k")
-			for range 2 {
-				if d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l}); err != nil || !d.Allowed {
-					t.Fatalf("Take = %+v, %v; want allowed", d, err)
-				}
-			}
-			before, err := c.Get(ctx, key).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := c.PExpire(ctx, key, 10*time.Hour).Err(); err != nil { // marks whether the denial sets an expiry
-				t.Fatal(err)
-			}
+			before := emptyMarked(t, c, s, "k", l)
 			time.Sleep(2 * time.Millisecond)
 			if d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l}); err != nil || d.Allowed {
 				t.Fatalf("third Take = %+v, %v; want denied", d, err)
 			}
-			after, err := c.Get(ctx, key).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			pttl, err := c.PTTL(ctx, key).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
+			after, pttl := valueAndPTTL(t, c, key)
 			if wrote := after != before || pttl < 9*time.Hour; wrote != tt.writes {
 				t.Errorf("denial: value %q → %q, PTTL %v; wrote %v, want %v", before, after, pttl, wrote, tt.writes)
 			}
@@ -784,18 +766,7 @@ func TestQuietDenialsShared(t *testing.T) {
 	s := newStore(t, c, Options{})
 	l := sluice.Limit{Capacity: 2, Rate: sluice.Per(1, time.Hour)}
 	empty, fresh := s.bucketKey("empty"), s.bucketKey("fresh")
-	for range 2 {
-		if d, err := s.Take(ctx, sluice.Request{Key: "empty", Cost: 1, Limit: l}); err != nil || !d.Allowed {
-			t.Fatalf("Take = %+v, %v; want allowed", d, err)
-		}
-	}
-	before, err := c.Get(ctx, empty).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.PExpire(ctx, empty, 10*time.Hour).Err(); err != nil { // marks whether the call sets an expiry
-		t.Fatal(err)
-	}
+	before := emptyMarked(t, c, s, "empty", l)
 	pl, err := compile(l)
 	if err != nil {
 		t.Fatal(err)
@@ -816,18 +787,47 @@ func TestQuietDenialsShared(t *testing.T) {
 	if want := []bool{false, true, false}; !slices.Equal(allowed, want) {
 		t.Fatalf("takes allowed %v, want %v", allowed, want)
 	}
-	after, err := c.Get(ctx, empty).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pttl, err := c.PTTL(ctx, empty).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	after, pttl := valueAndPTTL(t, c, empty)
 	if after != before || pttl < 9*time.Hour {
 		t.Errorf("denied bucket: value %q → %q, PTTL %v; want it left as it was", before, after, pttl)
 	}
 	if n, err := c.Exists(ctx, fresh).Result(); err != nil || n != 1 {
 		t.Errorf("EXISTS of the bucket with an allowed take = %d, %v; want 1", n, err)
 	}
+}
+
+// emptyMarked takes every token of key's bucket under l, a limit of
+// capacity 2, then sets the bucket's expiry to 10 hours, so that a later
+// call that writes the bucket shows in its PTTL. It returns the bucket's
+// value.
+func emptyMarked(t *testing.T, c client, s *Store, key string, l sluice.Limit) string {
+	t.Helper()
+	ctx := t.Context()
+	for range 2 {
+		if d, err := s.Take(ctx, sluice.Request{Key: key, Cost: 1, Limit: l}); err != nil || !d.Allowed {
+			t.Fatalf("Take = %+v, %v; want allowed", d, err)
+		}
+	}
+	v, err := c.Get(ctx, s.bucketKey(key)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PExpire(ctx, s.bucketKey(key), 10*time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// valueAndPTTL returns the value of key and its PTTL.
+func valueAndPTTL(t *testing.T, c client, key string) (string, time.Duration) {
+	t.Helper()
+	v, err := c.Get(t.Context(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pttl, err := c.PTTL(t.Context(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, pttl
 }
