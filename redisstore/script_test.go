@@ -370,7 +370,8 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 
 // TestScriptRejectsForeignValues: a bucket or record key holding a value
 // the store did not write (another type, text, numbers out of range) fails
-// the call and is left as it was.
+// the call and is left as it was, with a request ID and, for a bucket,
+// without one (the script's fast path).
 func TestScriptRejectsForeignValues(t *testing.T) {
 	c := redistest.Client(t)
 	ctx := t.Context()
@@ -403,6 +404,9 @@ func TestScriptRejectsForeignValues(t *testing.T) {
 		{"bucket fraction of a full bucket", bucket,
 			func() error { return c.Set(ctx, bucket, foreign(10, 5, 5), 0).Err() },
 			func() (string, error) { return c.Get(ctx, bucket).Result() }},
+		{"bucket fraction of a whole token", bucket,
+			func() error { return c.Set(ctx, bucket, foreign(1, 1_000_000, 5), 0).Err() },
+			func() (string, error) { return c.Get(ctx, bucket).Result() }},
 		{"record is a list", record,
 			func() error { return c.RPush(ctx, record, "x").Err() },
 			func() (string, error) { return c.LIndex(ctx, record, 0).Result() }},
@@ -411,33 +415,38 @@ func TestScriptRejectsForeignValues(t *testing.T) {
 			func() (string, error) { return c.Get(ctx, record).Result() }},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if err := c.Del(ctx, bucket, record).Err(); err != nil {
-				t.Fatal(err)
+		for _, id := range []string{"id", ""} {
+			if id == "" && tt.key != bucket {
+				continue
 			}
-			if err := tt.set(); err != nil {
-				t.Fatal(err)
-			}
-			before, _ := tt.check()
-			d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l, RequestID: "id"})
-			if err == nil {
-				t.Fatalf("Take = %+v, nil; want an error", d)
-			}
-			if errors.Is(err, sluice.ErrInvalidLimit) || errors.Is(err, sluice.ErrRequestIDConflict) {
-				t.Errorf("Take error %v wraps a parameter sentinel; want a store error", err)
-			}
-			var se *ScriptError
-			if !errors.As(err, &se) {
-				t.Errorf("Take error %v (%T) is not a *ScriptError", err, err)
-			}
-			after, _ := tt.check()
-			if after != before {
-				t.Errorf("%s changed from %q to %q", tt.key, before, after)
-			}
-			if n, _ := c.Exists(ctx, bucket, record).Result(); n != 1 {
-				t.Errorf("EXISTS bucket record = %d, want 1 (only the foreign key)", n)
-			}
-		})
+			t.Run(fmt.Sprintf("%s/request ID %q", tt.name, id), func(t *testing.T) {
+				if err := c.Del(ctx, bucket, record).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if err := tt.set(); err != nil {
+					t.Fatal(err)
+				}
+				before, _ := tt.check()
+				d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l, RequestID: id})
+				if err == nil {
+					t.Fatalf("Take = %+v, nil; want an error", d)
+				}
+				if errors.Is(err, sluice.ErrInvalidLimit) || errors.Is(err, sluice.ErrRequestIDConflict) {
+					t.Errorf("Take error %v wraps a parameter sentinel; want a store error", err)
+				}
+				var se *ScriptError
+				if !errors.As(err, &se) {
+					t.Errorf("Take error %v (%T) is not a *ScriptError", err, err)
+				}
+				after, _ := tt.check()
+				if after != before {
+					t.Errorf("%s changed from %q to %q", tt.key, before, after)
+				}
+				if n, _ := c.Exists(ctx, bucket, record).Result(); n != 1 {
+					t.Errorf("EXISTS bucket record = %d, want 1 (only the foreign key)", n)
+				}
+			})
+		}
 	}
 }
 
@@ -830,4 +839,78 @@ func valueAndPTTL(t *testing.T, c client, key string) (string, time.Duration) {
 		t.Fatal(err)
 	}
 	return v, pttl
+}
+
+// TestTTLOnServerClock: a written bucket expires exactly ceil((stamp - now
+// + reset) / 1000) + 1 ms after the server's clock at the write, on the
+// fast path (a missing bucket, one stored under the spec) and on the
+// general path (a request ID, several takes, a stamp ahead of now). Each
+// call runs in MULTI between two TIME readings, so the server's millisecond
+// at the write is known to within the few microseconds between them; a
+// TTL one millisecond short fails unless the clock ticked in between.
+func TestTTLOnServerClock(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := t.Context()
+	s := newStore(t, c, Options{})
+	// 1 token every 1.5 s: waits are whole microseconds but not whole
+	// milliseconds.
+	pl, err := compile(sluice.Limit{Capacity: 5, Rate: sluice.Per(2, 3*time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ScriptLoad(ctx, script).Err(); err != nil {
+		t.Fatal(err)
+	}
+	spec := s.spec(pl)
+	const now = int64(1_000_000_000)
+	key, other := s.bucketKey("k"), s.bucketKey("other")
+	ahead := s.bucketKey("ahead")
+	// A bucket 3 tokens down with its stamp 2.5 ms after now: the general
+	// path keeps the stamp and measures the expiry from it.
+	if err := c.Set(ctx, ahead, spec+levelBytes(2, 0, now+2500), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		keys  []string
+		args  []any
+		ahead int64 // stamp - now of the bucket written
+	}{
+		{"fast path, missing bucket", []string{key}, []any{"take", now, spec, 1}, 0},
+		{"fast path, stored bucket", []string{key}, []any{"take", now, spec, 2}, 0},
+		{"request ID", []string{key, s.recordKey("k", "id")}, []any{"take", now, spec, 1, 60_000_000}, 0},
+		{"takes", []string{other, other}, []any{"takes", now, spec, 1, 1}, 0},
+		{"stamp ahead of now", []string{ahead}, []any{"take", now, spec, 1}, 2500},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var before, after *redis.TimeCmd
+			var run *redis.Cmd
+			var expireAt *redis.DurationCmd
+			_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				before = p.Time(ctx)
+				run = p.EvalSha(ctx, s.sha, tt.keys, tt.args...)
+				expireAt = p.PExpireTime(ctx, tt.keys[0])
+				after = p.Time(ctx)
+				return nil
+			})
+			if err != nil {
+				t.Fatalf("MULTI: %v", err)
+			}
+			reply, err := run.Slice()
+			if err != nil || len(reply) < 5 {
+				t.Fatalf("script reply %v, %v", reply, err)
+			}
+			reset, ok := reply[len(reply)-1].(int64) // the last take's wait until full
+			if !ok || reset <= 0 {
+				t.Fatalf("script reply %v: want a positive wait until full last", reply)
+			}
+			ttl := (tt.ahead+reset+999)/1000 + 1
+			lo, hi := before.Val().UnixMilli()+ttl, after.Val().UnixMilli()+ttl
+			if got := expireAt.Val().Milliseconds(); got < lo || got > hi {
+				t.Errorf("bucket expires at %d ms, want the server's millisecond at the write (%d to %d) plus %d",
+					got, lo-ttl, hi-ttl, ttl)
+			}
+		})
+	}
 }

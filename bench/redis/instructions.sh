@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# instructions.sh counts the machine instructions Redis executes inside
+# EVALSHA per decision, for each limiter of BenchmarkDecisions at one caller.
+# It starts a private redis-server under valgrind's callgrind, counting only
+# inside evalShaCommand (the time INFO commandstats reports as
+# usec_per_call), runs the benchmark for one limiter and workload twice, with
+# N and 2N decisions, and prints the difference divided by N: the cost of
+# one more decision, free of start-up, warm-up and script loading. Unlike
+# timings, the counts repeat to within a fraction of a percent from run to
+# run, so they can tell apart scripts whose times differ by less than the
+# machine's noise.
+#
+# Run from bench/:   redis/instructions.sh [N]        (default N = 2000)
+# Needs valgrind and redis-server; LIMITERS and WORKLOADS (space-separated)
+# narrow the run, e.g. LIMITERS=sluice WORKLOADS=hot redis/instructions.sh.
+#
+# Under callgrind the server runs some 50 times slower, so the hot key
+# refills more between calls than at full speed and more of its decisions
+# are allowed; every limiter sees the same slowed server.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+N=${1:-2000}
+LIMITERS=${LIMITERS:-redis_rate sluice-unbatched sluice}
+WORKLOADS=${WORKLOADS:-hot spread}
+for tool in valgrind callgrind_annotate redis-server redis-cli; do
+  command -v "$tool" >/dev/null || { echo "instructions.sh: $tool is not installed" >&2; exit 1; }
+done
+
+work=$(mktemp -d)
+pid=
+cleanup() {
+  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  [ -n "${KEEP:-}" ] && echo "kept $work" >&2 || rm -rf "$work"
+}
+trap cleanup EXIT
+
+go test -c -o "$work/redis.test" ./redis/
+
+# freeport prints a loopback TCP port nothing listens on.
+freeport() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# count LIMITER WORKLOAD DECISIONS prints the instructions counted inside
+# evalShaCommand over one benchmark run of DECISIONS decisions.
+count() {
+  local port out
+  port=$(freeport)
+  out="$work/callgrind.out"
+  rm -f "$out"
+  valgrind --tool=callgrind --toggle-collect=evalShaCommand --callgrind-out-file="$out" \
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$work" >"$work/redis.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 300); do
+    redis-cli -p "$port" ping >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  SLUICE_REDIS_URL="redis://127.0.0.1:$port/0" "$work/redis.test" -test.run '^$' \
+    -test.bench "^BenchmarkDecisions\$/^$1\$/^$2\$/^callers=1\$" -test.benchtime "${3}x" >"$work/bench.log" ||
+    { cat "$work/bench.log" >&2; exit 1; }
+  grep -q "^BenchmarkDecisions/$1/$2/callers=1" "$work/bench.log" ||
+    { echo "instructions.sh: no benchmark ran for $1 $2" >&2; cat "$work/bench.log" >&2; exit 1; }
+  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  wait "$pid" 2>/dev/null || true
+  pid=
+  callgrind_annotate "$out" >"$work/annotate.txt"
+  awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }' "$work/annotate.txt"
+}
+
+printf '%-18s %-8s %s\n' limiter workload 'instructions/decision'
+for w in $WORKLOADS; do
+  for l in $LIMITERS; do
+    a=$(count "$l" "$w" "$N")
+    b=$(count "$l" "$w" $((2 * N)))
+    printf '%-18s %-8s %d\n' "$l" "$w" $(((b - a) / N))
+  done
+done
