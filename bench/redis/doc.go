@@ -8,6 +8,9 @@
 // auto-pipelining would beat redisstore's own batching through go-redis.
 // It holds only benchmarks and a smoke test; see
 // docs/BENCHMARKS.md for how to run them and for the results.
+// instructions.sh, beside them, counts the machine instructions Redis runs
+// inside EVALSHA per decision at one caller, under valgrind's callgrind: a
+// figure that repeats from run to run where timings do not.
 //
 // The server is the one at SLUICE_REDIS_URL (default
 // redis://127.0.0.1:6379/15). The benchmarks flush that database and reset
