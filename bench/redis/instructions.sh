@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # instructions.sh counts the machine instructions Redis executes inside
-# EVALSHA per decision, for each limiter of BenchmarkDecisions at one caller.
+# EVALSHA per decision, for each limiter of BenchmarkDecisions (one caller
+# by default).
 # It starts a private redis-server under valgrind's callgrind, counting only
 # inside evalShaCommand (the time INFO commandstats reports as
 # usec_per_call), runs the benchmark for one limiter and workload twice, with
@@ -12,7 +13,8 @@
 #
 # Run from bench/:   redis/instructions.sh [N]        (default N = 1000)
 # Needs valgrind and redis-server; LIMITERS and WORKLOADS (space-separated)
-# narrow the run, e.g. LIMITERS=sluice WORKLOADS=hot redis/instructions.sh.
+# narrow the run, e.g. LIMITERS=sluice WORKLOADS=hot redis/instructions.sh,
+# and CALLERS (1, 16 or 64; default 1) picks the number of callers.
 #
 # Under callgrind the server runs some 50 times slower, so the hot key
 # refills more between calls than at full speed and more of its decisions
@@ -25,6 +27,7 @@ cd "$(dirname "$0")/.."
 N=${1:-1000}
 LIMITERS=${LIMITERS:-redis_rate sluice-unbatched sluice}
 WORKLOADS=${WORKLOADS:-hot spread}
+CALLERS=${CALLERS:-1}
 for tool in valgrind callgrind_annotate redis-server redis-cli; do
   command -v "$tool" >/dev/null || { echo "instructions.sh: $tool is not installed" >&2; exit 1; }
 done
@@ -61,9 +64,9 @@ count() {
     sleep 0.1
   done
   SLUICE_REDIS_URL="redis://127.0.0.1:$port/0" "$work/redis.test" -test.run '^$' \
-    -test.bench "^BenchmarkDecisions\$/^$1\$/^$2\$/^callers=1\$" -test.benchtime "${3}x" >"$work/bench.log" ||
+    -test.bench "^BenchmarkDecisions\$/^$1\$/^$2\$/^callers=$CALLERS\$" -test.benchtime "${3}x" >"$work/bench.log" ||
     { cat "$work/bench.log" >&2; exit 1; }
-  grep -q "^BenchmarkDecisions/$1/$2/callers=1" "$work/bench.log" ||
+  grep -q "^BenchmarkDecisions/$1/$2/callers=$CALLERS-" "$work/bench.log" ||
     { echo "instructions.sh: no benchmark ran for $1 $2" >&2; cat "$work/bench.log" >&2; exit 1; }
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
   wait "$pid" 2>/dev/null || true
