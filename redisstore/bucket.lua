@@ -146,6 +146,8 @@ if not specOK then
       specOK = specOK and x == 1
     end
   end
+end
+if not same then
   -- A missing bucket is full, stamped now.
   tokens, frac, stamp = C, 0, now
 end
@@ -278,14 +280,13 @@ if not specOK then
   fail(format('reduced rate %d/%d is not %d/%d in lowest terms', n1, p1, n, P))
 end
 
--- level reads a bucket value (a spec and a level), checks it, and returns
--- its level tokens + frac/p' brought up to date at now and its stamp (time
--- never runs backwards inside a bucket), then its limit (C, n', p', n, P).
--- The numbers are integers by their encoding and checked in range here, so
--- that not even a foreign value makes an intermediate inexact. The refill
--- is the fast path's.
-local function level(stored)
-  local c, n0, P0, a, b, _, ttl, t, f, s = struct.unpack(BUCKET, stored)
+-- level takes the numbers of a bucket value, as struct.unpack(BUCKET)
+-- returns them, checks them, and returns the level tokens + frac/p'
+-- brought up to date at now and its stamp (time never runs backwards inside
+-- a bucket), then the limit (C, n', p', n, P). The numbers are integers by
+-- their encoding and checked in range here, so that not even a foreign
+-- value makes an intermediate inexact. The refill is the fast path's.
+local function level(c, n0, P0, a, b, _, ttl, t, f, s)
   if not (c >= 1 and c <= MAX_CAPACITY and a <= MAX_TOKENS and b >= 1 and c * b < TWO52 and
       ttl < TWO53 and t <= c and f < b and (t < c or f == 0) and s < TWO53) then
     fail('bucket key holds a state sluice did not write')
@@ -377,7 +378,7 @@ end
 local function load(stored, same)
   if same then
     -- The same bytes: the same limit.
-    return level(stored)
+    return level(struct.unpack(BUCKET, stored))
   end
   if not stored then
     return C, 0, now
@@ -385,7 +386,7 @@ local function load(stored, same)
   if #stored ~= 58 then
     fail('bucket key holds a value sluice did not write')
   end
-  local t0, f0, stamp, C0, a0, b0, n0, P0 = level(stored)
+  local t0, f0, stamp, C0, a0, b0, n0, P0 = level(struct.unpack(BUCKET, stored))
   if C0 == C and n0 == n and P0 == P then
     if a0 ~= n1 or b0 ~= p1 then
       fail('bucket key holds a rate reduced otherwise')
@@ -430,7 +431,12 @@ for i = 1, #costs do
       sameJ = stored and #stored == 58 and string.find(stored, spec, 1, true) == 1
     end
     K[j], at[key] = key, j
-    T[j], F[j], S[j] = load(stored, sameJ)
+    if j == 1 and same then
+      -- Read by the fast path's struct.unpack already.
+      T[j], F[j], S[j] = level(C, n, P, n1, p1, policy, least, tokens, frac, stamp)
+    else
+      T[j], F[j], S[j] = load(stored, sameJ)
+    end
     W[j] = not (redisTime and sameJ)
   end
 end
