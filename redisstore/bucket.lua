@@ -62,14 +62,14 @@
 --                {"conflict", cost, C, n, P} of the request ID's first use.
 --
 -- Every EVALSHA call runs this whole chunk afresh: each local function is
--- created anew on every call, and each operation of Lua's virtual machine
--- costs about as much as a dozen of a compiled language. So the common
--- decision, one take or peek of a bucket stored under the request's spec or
--- missing, runs first, straight through, with the numbers written out in
--- place; the general path after it (request IDs, several takes, a bucket
--- converted to a new limit, and every error message) creates its functions
--- only when it runs. The two paths compute the same transition, and the
--- tests hold both to sluice.Plan.
+-- created anew on every call, and each function call, like each operation
+-- of Lua's virtual machine, costs tens of machine instructions. So the
+-- common decision, one take or peek of a bucket stored under the request's
+-- spec or missing, runs first, straight through, with the arithmetic
+-- written out in place; the general path after it (request IDs, several
+-- takes, a bucket converted to a new limit or stamped after now, and every
+-- error message) creates its functions only when it runs. The two paths
+-- compute the same transition, and the tests hold both to sluice.Plan.
 
 -- Little-endian unsigned integers of 6, 7 and 1 bytes: C, n, n' <= 2^40,
 -- P, p' < 2^45 and tokens <= C fit 6; frac < 2^52 and stamp, ttl < 2^53
@@ -432,7 +432,7 @@ for i = 1, #costs do
     end
     K[j], at[key] = key, j
     if j == 1 and same then
-      -- Read by the fast path's struct.unpack already.
+      -- Unpacked above, before the fast path.
       T[j], F[j], S[j] = level(C, n, P, n1, p1, policy, least, tokens, frac, stamp)
     else
       T[j], F[j], S[j] = load(stored, sameJ)
