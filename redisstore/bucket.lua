@@ -31,16 +31,19 @@
 -- Numbers are Lua doubles, exact only below 2^53. The spec's numbers are
 -- integers by their encoding and must be in range; every text argument
 -- must be a canonical decimal integer in its range; every stored number
--- must be in its range; or the script raises an error. Every intermediate
--- stays below 2^53 (the bound is noted beside each step). All checks and
--- arithmetic come before the first write, so a call that fails writes
--- nothing.
+-- must be in its range; or the script raises an error. Every number the
+-- script uses is an integer below 2^53, so exact (the bound is noted beside
+-- each step); the products that may exceed it (C * p' of a value not yet
+-- checked, the refill's elapsed units) are only compared with a bound
+-- below 2^53, and rounding is monotonic, so the comparison is exact. All
+-- checks and arithmetic come before the first write, so a call that fails
+-- writes nothing.
 --
 -- Lua computes a % b as a - floor(a/b)*b. For integers 0 <= a < 2^53 and
--- b >= 1 that is exact: a/b is rounded by less than a/b * 2^-53 < 1/b,
--- while a quotient that is not a whole number lies at least 1/b from one,
--- so floor(a/b) is the true quotient q, and a - q*b is exact. a - a % b is
--- then a multiple of b, and dividing it by b is exact too.
+-- b >= 1 that is exact: a/b is rounded by at most a/b * 2^-53, which is
+-- less than 1/b, while a quotient that is not a whole number lies at least
+-- 1/b from one, so floor(a/b) is the true quotient q, and a - q*b is exact.
+-- a - a % b is then a multiple of b, and dividing it by b is exact too.
 --
 -- A denial on Redis TIME of a bucket stored under the same spec writes
 -- nothing (see the fast path below); every other decision but "peek" writes
@@ -154,12 +157,13 @@ end
 
 -- The fast path: one take without a request ID, or a peek, for a cost in
 -- range, of a missing bucket or of one stored under the spec whose numbers
--- are in range (C in [1, 2^40], n' <= 2^40, p' >= 1, C * p' < 2^52, least
--- TTL < 2^53, tokens <= C, frac < p' and zero at C) and whose stamp is not
--- after now. Anything else takes the general path, which names any fault.
+-- are in range (C <= 2^40, n' <= 2^40, C * p' < 2^52, least TTL < 2^53,
+-- tokens <= C, frac < p' and zero at C; C >= 1 and p' >= 1 follow from
+-- 1 <= cost <= C and 0 <= frac < p') and whose stamp is not after now.
+-- Anything else takes the general path, which names any fault.
 if now and single and specOK and (not first or same and
-    C >= 1 and C <= 1099511627776 and n1 <= 1099511627776 and p1 >= 1 and C * p1 < 4503599627370496 and
-    least < 9007199254740992 and tokens <= C and frac < p1 and (tokens < C or frac == 0) and stamp <= now) then
+    C <= 1099511627776 and n1 <= 1099511627776 and C * p1 < 4503599627370496 and least < 9007199254740992 and
+    tokens <= C and frac < p1 and (tokens < C or frac == 0) and stamp <= now) then
   local cost = argv[4]
   if cost == '1' then
     cost = 1
@@ -315,6 +319,14 @@ local function wait(t, f, target)
   return (x - x % n1) / n1 + 1
 end
 
+-- The first bucket, if stored under the spec, is checked and brought up to
+-- date before anything else: its numbers were unpacked above, before the
+-- fast path.
+local T1, F1, S1
+if same then
+  T1, F1, S1 = level(C, n, P, n1, p1, policy, least, tokens, frac, stamp)
+end
+
 -- The cost, or the costs of "takes", each in [1, C].
 local cost = int('cost', argv[4], 1, C)
 if op == 'peek' and cost ~= 1 then
@@ -432,8 +444,7 @@ for i = 1, #costs do
     end
     K[j], at[key] = key, j
     if j == 1 and same then
-      -- Unpacked above, before the fast path.
-      T[j], F[j], S[j] = level(C, n, P, n1, p1, policy, least, tokens, frac, stamp)
+      T[j], F[j], S[j] = T1, F1, S1
     else
       T[j], F[j], S[j] = load(stored, sameJ)
     end

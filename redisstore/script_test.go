@@ -383,36 +383,39 @@ func TestScriptRejectsForeignValues(t *testing.T) {
 	foreign := func(tokens, frac, stamp int64) string {
 		return s.spec(plan{c: 10, n: 3, p: 1_000_000, n1: 3, p1: 1_000_000}) + levelBytes(tokens, frac, stamp)
 	}
+	setBucket := func(v string) func() error {
+		return func() error { return c.Set(ctx, bucket, v, 0).Err() }
+	}
 	tests := []struct {
-		name  string
-		key   string
-		set   func() error
-		check func() (string, error)
+		name string
+		key  string // the key holding the foreign value
+		set  func() error
 	}{
-		{"bucket is a hash", bucket,
-			func() error { return c.HSet(ctx, bucket, "tokens", "1").Err() },
-			func() (string, error) { return c.HGet(ctx, bucket, "tokens").Result() }},
-		{"bucket is text", bucket,
-			func() error { return c.Set(ctx, bucket, "hello", 0).Err() },
-			func() (string, error) { return c.Get(ctx, bucket).Result() }},
-		{"bucket tokens above capacity", bucket,
-			func() error { return c.Set(ctx, bucket, foreign(11, 0, 5), 0).Err() },
-			func() (string, error) { return c.Get(ctx, bucket).Result() }},
-		{"bucket stamp 2^53", bucket,
-			func() error { return c.Set(ctx, bucket, foreign(1, 0, 1<<53), 0).Err() },
-			func() (string, error) { return c.Get(ctx, bucket).Result() }},
-		{"bucket fraction of a full bucket", bucket,
-			func() error { return c.Set(ctx, bucket, foreign(10, 5, 5), 0).Err() },
-			func() (string, error) { return c.Get(ctx, bucket).Result() }},
-		{"bucket fraction of a whole token", bucket,
-			func() error { return c.Set(ctx, bucket, foreign(1, 1_000_000, 5), 0).Err() },
-			func() (string, error) { return c.Get(ctx, bucket).Result() }},
-		{"record is a list", record,
-			func() error { return c.RPush(ctx, record, "x").Err() },
-			func() (string, error) { return c.LIndex(ctx, record, 0).Result() }},
-		{"record is text", record,
-			func() error { return c.Set(ctx, record, "x", 0).Err() },
-			func() (string, error) { return c.Get(ctx, record).Result() }},
+		{"bucket is a hash", bucket, func() error { return c.HSet(ctx, bucket, "tokens", "1").Err() }},
+		{"bucket is text", bucket, setBucket("hello")},
+		{"bucket tokens above capacity", bucket, setBucket(foreign(11, 0, 5))},
+		{"bucket stamp 2^53", bucket, setBucket(foreign(1, 0, 1<<53))},
+		{"bucket fraction of a full bucket", bucket, setBucket(foreign(10, 5, 5))},
+		{"bucket fraction of a whole token", bucket, setBucket(foreign(1, 1_000_000, 5))},
+		// The request ID is remembered: the bucket is checked before the
+		// record is replayed.
+		{"bucket fraction of a whole token after the request ID's first use", bucket, func() error {
+			if _, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l, RequestID: "id"}); err != nil {
+				return err
+			}
+			return c.Set(ctx, bucket, foreign(1, 1_000_000, 5), redis.KeepTTL).Err()
+		}},
+		{"record is a list", record, func() error { return c.RPush(ctx, record, "x").Err() }},
+		{"record is text", record, func() error { return c.Set(ctx, record, "x", 0).Err() }},
+	}
+	// dump returns the serialized values of the bucket and record keys, ""
+	// for a missing one.
+	dump := func() [2]string {
+		var d [2]string
+		for i, k := range []string{bucket, record} {
+			d[i], _ = c.Dump(ctx, k).Result()
+		}
+		return d
 	}
 	for _, tt := range tests {
 		for _, id := range []string{"id", ""} {
@@ -426,7 +429,7 @@ func TestScriptRejectsForeignValues(t *testing.T) {
 				if err := tt.set(); err != nil {
 					t.Fatal(err)
 				}
-				before, _ := tt.check()
+				before := dump()
 				d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l, RequestID: id})
 				if err == nil {
 					t.Fatalf("Take = %+v, nil; want an error", d)
@@ -438,12 +441,47 @@ func TestScriptRejectsForeignValues(t *testing.T) {
 				if !errors.As(err, &se) {
 					t.Errorf("Take error %v (%T) is not a *ScriptError", err, err)
 				}
-				after, _ := tt.check()
-				if after != before {
-					t.Errorf("%s changed from %q to %q", tt.key, before, after)
+				if after := dump(); after != before {
+					t.Errorf("bucket and record keys changed from %q to %q", before, after)
 				}
-				if n, _ := c.Exists(ctx, bucket, record).Result(); n != 1 {
-					t.Errorf("EXISTS bucket record = %d, want 1 (only the foreign key)", n)
+			})
+		}
+	}
+}
+
+// TestScriptRejectsBadSpecStored: a bucket stored under a spec out of
+// range, called with that same spec (past the Go checks, so the bytes
+// match and the spec is read from the bucket), fails the call on either
+// path and is left as it was.
+func TestScriptRejectsBadSpecStored(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := t.Context()
+	s := newStore(t, c, Options{})
+	key := s.bucketKey("k")
+	tests := []struct {
+		name  string
+		pl    plan
+		least int64
+	}{
+		{"capacity 2^40+1", plan{c: 1<<40 + 1, n: 1, p: 1, n1: 1, p1: 1}, 0},
+		{"reduced rate tokens 2^40+1", plan{c: 1, n: 1<<40 + 1, p: 1, n1: 1<<40 + 1, p1: 1}, 0},
+		{"capacity × reduced period 2^52", plan{c: 1 << 40, n: 1, p: 4096, n1: 1, p1: 4096}, 0},
+		{"least TTL 2^53", plan{c: 10, n: 1, p: 1000, n1: 1, p1: 1000}, 1 << 53},
+	}
+	for _, tt := range tests {
+		for _, op := range []string{"take", "peek"} {
+			t.Run(tt.name+"/"+op, func(t *testing.T) {
+				spec := specArg(tt.pl, 0, tt.least)
+				value := spec + levelBytes(0, 0, 5)
+				if err := c.Set(ctx, key, value, time.Minute).Err(); err != nil {
+					t.Fatal(err)
+				}
+				err := redis.NewScript(script).Run(ctx, c, []string{key}, op, "1000", spec, "1").Err()
+				if err == nil || !strings.Contains(err.Error(), "sluice") {
+					t.Errorf("%s of a bucket under its own bad spec: %v; want a sluice error", op, err)
+				}
+				if got, err := c.Get(ctx, key).Result(); err != nil || got != value {
+					t.Errorf("bucket %q, %v after the call; want it left as %q", got, err, value)
 				}
 			})
 		}
@@ -841,32 +879,37 @@ func valueAndPTTL(t *testing.T, c client, key string) (string, time.Duration) {
 	return v, pttl
 }
 
-// TestTTLOnServerClock: a written bucket expires exactly ceil((stamp - now
-// + reset) / 1000) + 1 ms after the server's clock at the write, on the
-// fast path (a missing bucket, one stored under the spec) and on the
-// general path (a request ID, several takes, a stamp ahead of now). Each
-// call runs in MULTI between two TIME readings, so the server's millisecond
-// at the write is known to within the few microseconds between them; a
-// TTL one millisecond short fails unless the clock ticked in between.
+// TestTTLOnServerClock: a written bucket expires exactly max(ceil((stamp -
+// now + reset) / 1000) + 1, least TTL) ms after the server's clock at the
+// write, or never if it never refills, on the fast path (a missing bucket,
+// a stored one with a fraction, the least TTL) and on the general path (a
+// request ID, several takes, a stamp ahead of now). The server's
+// millisecond at the write lies between a TIME read before the call and
+// one in the same MULTI after it, so a TTL one millisecond short fails
+// unless the clock ticked in between (a round trip's chance in a
+// millisecond, per case).
 func TestTTLOnServerClock(t *testing.T) {
 	c := redistest.Client(t)
 	ctx := t.Context()
 	s := newStore(t, c, Options{})
-	// 1 token every 1.5 s: waits are whole microseconds but not whole
-	// milliseconds.
-	pl, err := compile(sluice.Limit{Capacity: 5, Rate: sluice.Per(2, 3*time.Second)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := c.ScriptLoad(ctx, script).Err(); err != nil {
 		t.Fatal(err)
 	}
-	spec := s.spec(pl)
+	specOf := func(l sluice.Limit, least int64) string {
+		pl, err := compile(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return specArg(pl, 0, least)
+	}
+	// 3 tokens every 7 ms, reduced to 3 units of 1/7000 token a
+	// microsecond: no wait is a whole number of milliseconds.
+	spec := specOf(sluice.Limit{Capacity: 5, Rate: sluice.Per(3, 7*time.Millisecond)}, 0)
 	const now = int64(1_000_000_000)
-	key, other := s.bucketKey("k"), s.bucketKey("other")
+	key, other, least, never := s.bucketKey("k"), s.bucketKey("other"), s.bucketKey("least"), s.bucketKey("never")
 	ahead := s.bucketKey("ahead")
-	// A bucket 3 tokens down with its stamp 2.5 ms after now: the general
-	// path keeps the stamp and measures the expiry from it.
+	// 3 tokens down, stamped 2.5 ms after now: the general path keeps the
+	// stamp and measures the expiry from it.
 	if err := c.Set(ctx, ahead, spec+levelBytes(2, 0, now+2500), 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -875,25 +918,36 @@ func TestTTLOnServerClock(t *testing.T) {
 		keys  []string
 		args  []any
 		ahead int64 // stamp - now of the bucket written
+		least int64 // the spec's least TTL, ms
 	}{
-		{"fast path, missing bucket", []string{key}, []any{"take", now, spec, 1}, 0},
-		{"fast path, stored bucket", []string{key}, []any{"take", now, spec, 2}, 0},
-		{"request ID", []string{key, s.recordKey("k", "id")}, []any{"take", now, spec, 1, 60_000_000}, 0},
-		{"takes", []string{other, other}, []any{"takes", now, spec, 1, 1}, 0},
-		{"stamp ahead of now", []string{ahead}, []any{"take", now, spec, 1}, 2500},
+		// 4 tokens left: full in 7000/3 µs.
+		{"fast path, missing bucket", []string{key}, []any{"take", now, spec, 1}, 0, 0},
+		// 1 µs later: 2 tokens and 3/7000 left.
+		{"fast path, stored bucket with a fraction", []string{key}, []any{"take", now + 1, spec, 2}, 0, 0},
+		{"fast path, least TTL", []string{least}, []any{"take", now, specOf(sluice.Limit{Capacity: 5, Rate: sluice.Per(3, 7*time.Millisecond)}, 60_000), 1}, 0, 60_000},
+		{"fast path, no refill", []string{never}, []any{"take", now, specOf(sluice.Limit{Capacity: 5, Rate: sluice.Per(0, time.Second)}, 0), 1}, 0, 0},
+		{"request ID", []string{key, s.recordKey("k", "id")}, []any{"take", now + 1, spec, 1, 60_000_000}, 0, 0},
+		{"takes", []string{other, other}, []any{"takes", now, spec, 1, 1}, 0, 0},
+		{"stamp ahead of now", []string{ahead}, []any{"take", now, spec, 1}, 2500, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var before, after *redis.TimeCmd
+			before, err := c.Time(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var after *redis.TimeCmd
 			var run *redis.Cmd
 			var expireAt *redis.DurationCmd
-			_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				before = p.Time(ctx)
+			_, err = c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 				run = p.EvalSha(ctx, s.sha, tt.keys, tt.args...)
 				expireAt = p.PExpireTime(ctx, tt.keys[0])
 				after = p.Time(ctx)
 				return nil
 			})
+			if err != nil && strings.Contains(err.Error(), "unknown command") {
+				t.Skipf("the server has no PEXPIRETIME (Redis 7.0): %v", err)
+			}
 			if err != nil {
 				t.Fatalf("MULTI: %v", err)
 			}
@@ -902,14 +956,20 @@ func TestTTLOnServerClock(t *testing.T) {
 				t.Fatalf("script reply %v, %v", reply, err)
 			}
 			reset, ok := reply[len(reply)-1].(int64) // the last take's wait until full
-			if !ok || reset <= 0 {
-				t.Fatalf("script reply %v: want a positive wait until full last", reply)
+			if !ok || reset == 0 {
+				t.Fatalf("script reply %v: want a wait until full last", reply)
 			}
-			ttl := (tt.ahead+reset+999)/1000 + 1
-			lo, hi := before.Val().UnixMilli()+ttl, after.Val().UnixMilli()+ttl
+			if reset < 0 {
+				if got := expireAt.Val(); got != -1 {
+					t.Errorf("PEXPIRETIME = %v, want -1 (no expiry) for a bucket that never refills", got)
+				}
+				return
+			}
+			ttl := max((tt.ahead+reset+999)/1000+1, tt.least)
+			lo, hi := before.UnixMilli()+ttl, after.Val().UnixMilli()+ttl
 			if got := expireAt.Val().Milliseconds(); got < lo || got > hi {
-				t.Errorf("bucket expires at %d ms, want the server's millisecond at the write (%d to %d) plus %d",
-					got, lo-ttl, hi-ttl, ttl)
+				t.Errorf("bucket expires at %d ms, want the server's millisecond at the write (%d to %d) plus %d (wait until full %d µs)",
+					got, lo-ttl, hi-ttl, ttl, reset)
 			}
 		})
 	}
