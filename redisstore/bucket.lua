@@ -384,14 +384,10 @@ local function muldiv(x, y, z)
   return q
 end
 
--- load returns the bucket value stored (same if under the request's spec)
--- brought up to date: a missing one is full, stamped now; one stored under
--- another spec is converted to the request's limit.
-local function load(stored, same)
-  if same then
-    -- The same bytes: the same limit.
-    return level(struct.unpack(BUCKET, stored))
-  end
+-- load returns the bucket value stored brought up to date: a missing one is
+-- full, stamped now; one stored under another limit is converted to the
+-- request's (one under the request's spec has its limit).
+local function load(stored)
   if not stored then
     return C, 0, now
   end
@@ -446,7 +442,7 @@ for i = 1, #costs do
     if j == 1 and same then
       T[j], F[j], S[j] = T1, F1, S1
     else
-      T[j], F[j], S[j] = load(stored, sameJ)
+      T[j], F[j], S[j] = load(stored)
     end
     W[j] = not (redisTime and sameJ)
   end
