@@ -14,7 +14,8 @@
 # Run from bench/:   redis/instructions.sh [N]        (default N = 1000)
 # Needs valgrind and redis-server; LIMITERS and WORKLOADS (space-separated)
 # narrow the run, e.g. LIMITERS=sluice WORKLOADS=hot redis/instructions.sh,
-# and CALLERS (1, 16 or 64; default 1) picks the number of callers.
+# CALLERS (1, 16 or 64; default 1) picks the number of callers, and KEEP=1
+# keeps the scratch directory (callgrind's output, the logs) for a look.
 #
 # Under callgrind the server runs some 50 times slower, so the hot key
 # refills more between calls than at full speed and more of its decisions
@@ -47,9 +48,10 @@ freeport() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# count LIMITER WORKLOAD DECISIONS prints the instructions counted inside
-# evalShaCommand over one benchmark run of DECISIONS decisions, and the
-# share of them allowed.
+# count LIMITER WORKLOAD DECISIONS writes to $work/result the instructions
+# counted inside evalShaCommand over one benchmark run of DECISIONS
+# decisions, and the share of them allowed. It runs in this shell, so that a
+# failure stops the script and the trap stops the server.
 count() {
   local port out
   port=$(freeport)
@@ -72,15 +74,19 @@ count() {
   wait "$pid" 2>/dev/null || true
   pid=
   callgrind_annotate "$out" >"$work/annotate.txt"
-  awk '/PROGRAM TOTALS/ { gsub(",", "", $1); printf "%s ", $1; exit }' "$work/annotate.txt"
-  awk '{ for (i = 2; i <= NF; i++) if ($i == "%allowed") { print $(i - 1); exit } }' "$work/bench.log"
+  {
+    awk '/PROGRAM TOTALS/ { gsub(",", "", $1); printf "%s ", $1; exit }' "$work/annotate.txt"
+    awk '{ for (i = 2; i <= NF; i++) if ($i == "%allowed") { print $(i - 1); exit } }' "$work/bench.log"
+  } >"$work/result"
 }
 
 printf '%-18s %-8s %22s %10s\n' limiter workload 'instructions/decision' '%allowed'
 for w in $WORKLOADS; do
   for l in $LIMITERS; do
-    read -r a _ < <(count "$l" "$w" "$N")
-    read -r b allowed < <(count "$l" "$w" $((2 * N)))
+    count "$l" "$w" "$N"
+    read -r a _ <"$work/result"
+    count "$l" "$w" $((2 * N))
+    read -r b allowed <"$work/result"
     printf '%-18s %-8s %22d %10s\n' "$l" "$w" $(((b - a) / N)) "$allowed"
   done
 done
