@@ -6,6 +6,9 @@ import "errors"
 // with the offending value; test with errors.Is) has changed no state and is
 // not a denial.
 var (
+	// ErrInvalidPolicy means the policy name is empty, longer than
+	// MaxPolicyLen bytes, or not printable ASCII.
+	ErrInvalidPolicy = errors.New("sluice: invalid policy name")
 	// ErrInvalidKey means the key is empty or longer than MaxKeyLen bytes.
 	ErrInvalidKey = errors.New("sluice: invalid key")
 	// ErrInvalidCost means the cost is below 1 or above the limit's capacity.
@@ -13,26 +16,51 @@ var (
 	// ErrInvalidLimit means the limit is out of range, or its exact
 	// arithmetic does not fit the store's integers or time unit.
 	ErrInvalidLimit = errors.New("sluice: invalid limit")
-	// ErrInvalidRequestID means the request ID is longer than MaxRequestIDLen
-	// bytes.
+	// ErrInvalidRequestID means the request ID is longer than
+	// MaxRequestIDLen bytes, or was given to an operation that takes none
+	// (Peek).
 	ErrInvalidRequestID = errors.New("sluice: invalid request ID")
 	// ErrRequestIDConflict means a request ID the store still remembers for
-	// a key was sent again with another cost or limit. Request IDs are
-	// scoped by key.
+	// a bucket was sent again with another cost or limit. Request IDs are
+	// scoped by policy and key.
 	ErrRequestIDConflict = errors.New("sluice: request ID reused with different parameters")
-	// ErrTooManyKeys means the store holds its maximum number of buckets (or
-	// remembered request IDs), none of them can be reclaimed without loss,
-	// and its overflow policy is to refuse new ones.
+)
+
+// Errors about the store rather than the request.
+var (
+	// ErrTooManyKeys means the store holds its maximum number of buckets,
+	// none of them can be reclaimed without loss, and its overflow rule is
+	// to refuse new ones.
 	ErrTooManyKeys = errors.New("sluice: too many keys")
+	// ErrUnavailable means a shared store could not be asked or did not
+	// answer: the connection failed, the server is down or read-only, the
+	// call timed out. The request may or may not have been decided (and
+	// charged). Every shared store in this module wraps it; a failure
+	// policy (package guard) decides instead.
+	ErrUnavailable = errors.New("sluice: store unavailable")
+	// ErrMisconfigured means the store answered, but is not set up for
+	// Sluice: a PostgreSQL schema that was never migrated, a Redis value
+	// that Sluice did not write under one of its keys. It is a deployment
+	// mistake, not an outage: a failure policy returns it as it is rather
+	// than deciding in the store's place, and a retry fails the same way.
+	ErrMisconfigured = errors.New("sluice: store misconfigured")
+	// ErrInvalidOption means a constructor was given an option out of its
+	// range (a negative size, an unknown name). The error names the option
+	// and the allowed values; nothing was built.
+	ErrInvalidOption = errors.New("sluice: invalid option")
 )
 
 // IsInvalid reports whether err says the request itself was wrong: it wraps
-// ErrInvalidKey, ErrInvalidCost, ErrInvalidLimit, ErrInvalidRequestID or
-// ErrRequestIDConflict. Such an error comes from validation or from a store
-// that answered; it is never a sign that the store is unavailable, and a
-// retry of the same request fails the same way.
+// ErrInvalidPolicy, ErrInvalidKey, ErrInvalidCost, ErrInvalidLimit,
+// ErrInvalidRequestID or ErrRequestIDConflict. Such an error comes from
+// validation or from a store that answered; it is never a sign that the
+// store is unavailable, and a retry of the same request fails the same way.
 func IsInvalid(err error) bool {
-	return errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidCost) ||
-		errors.Is(err, ErrInvalidLimit) || errors.Is(err, ErrInvalidRequestID) ||
-		errors.Is(err, ErrRequestIDConflict)
+	return errors.Is(err, ErrInvalidPolicy) || errors.Is(err, ErrInvalidKey) ||
+		errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrInvalidLimit) ||
+		errors.Is(err, ErrInvalidRequestID) || errors.Is(err, ErrRequestIDConflict)
 }
+
+// IsUnavailable reports whether err wraps ErrUnavailable: the store could
+// not decide, and the request may or may not have been charged.
+func IsUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }

@@ -2,6 +2,7 @@ package sluice
 
 import (
 	"fmt"
+	"math/big"
 	"strconv"
 	"strings"
 	"time"
@@ -124,18 +125,70 @@ func parsePeriod(s string) (time.Duration, error) {
 	if d, ok := periodUnits[s]; ok {
 		return d, nil
 	}
-	if days, ok := strings.CutSuffix(s, "d"); ok {
+	if days, ok := strings.CutSuffix(s, "d"); ok && days != "" && strings.Trim(days, "0123456789") == "" {
 		n, err := strconv.ParseInt(days, 10, 64)
 		if err != nil || n < 1 || n > int64(MaxPeriod/day) {
 			return 0, fmt.Errorf("%w: period %q is not a whole number of days in [1, %d]", ErrInvalidLimit, s, int64(MaxPeriod/day))
 		}
 		return time.Duration(n) * day, nil
 	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, fmt.Errorf("%w: period %q is not a unit (ns, us, ms, s, m, h, d) or a duration such as 1500ms", ErrInvalidLimit, s)
+	ns, ok := durationNanos(s)
+	if !ok {
+		return 0, fmt.Errorf("%w: period %q is not a unit (ns, us, ms, s, m, h, d), a whole number of days such as 2d, or a duration such as 1500ms", ErrInvalidLimit, s)
 	}
-	return d, nil
+	if !ns.IsInt() {
+		return 0, fmt.Errorf("%w: period %q is not a whole number of nanoseconds", ErrInvalidLimit, s)
+	}
+	if ns.Cmp(big.NewRat(1, 1)) < 0 || ns.Cmp(new(big.Rat).SetInt64(int64(MaxPeriod))) > 0 {
+		return 0, fmt.Errorf("%w: period %q is outside [1ns, 366d]", ErrInvalidLimit, s)
+	}
+	return time.Duration(ns.Num().Int64()), nil
+}
+
+// durationUnits are the units of a Go duration, in nanoseconds.
+var durationUnits = map[string]int64{
+	"ns": 1, "us": 1e3, "µs": 1e3, "μs": 1e3, "ms": 1e6,
+	"s": 1e9, "m": 60e9, "h": 3600e9,
+}
+
+// durationNanos reads a Go duration such as "1h30m" or "1.5s" exactly, as
+// a number of nanoseconds that may have a fraction (time.ParseDuration
+// drops fractions of a nanosecond silently). It accepts no sign: a period
+// is positive.
+func durationNanos(s string) (*big.Rat, bool) {
+	total := new(big.Rat)
+	if s == "" {
+		return nil, false
+	}
+	for s != "" {
+		i := 0
+		for i < len(s) && (s[i] == '.' || s[i] >= '0' && s[i] <= '9') {
+			i++
+		}
+		number := s[:i]
+		if number == "" || number == "." || strings.Count(number, ".") > 1 {
+			return nil, false
+		}
+		s = s[i:]
+		j := 0
+		for j < len(s) && s[j] != '.' && (s[j] < '0' || s[j] > '9') {
+			j++
+		}
+		unit, ok := durationUnits[s[:j]]
+		if !ok {
+			return nil, false
+		}
+		s = s[j:]
+		v, ok := new(big.Rat).SetString(number)
+		if !ok {
+			return nil, false
+		}
+		total.Add(total, v.Mul(v, new(big.Rat).SetInt64(unit)))
+		if total.Cmp(new(big.Rat).SetInt64(int64(MaxPeriod))) > 0 {
+			return total, true // out of range; the caller says so
+		}
+	}
+	return total, true
 }
 
 func formatPeriod(d time.Duration) string {

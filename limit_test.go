@@ -245,3 +245,27 @@ func TestRateConstructors(t *testing.T) {
 		}
 	}
 }
+
+func TestConversion(t *testing.T) {
+	tests := []struct {
+		c    sluice.Conversion
+		want string
+	}{
+		{sluice.KeepTokens, "keep"},
+		{sluice.ScaleTokens, "scale"},
+		{sluice.ResetTokens, "reset"},
+		{7, "Conversion(7)"},
+	}
+	for _, tt := range tests {
+		if got := tt.c.String(); got != tt.want {
+			t.Errorf("Conversion(%d).String() = %q, want %q", uint8(tt.c), got, tt.want)
+		}
+		back, err := sluice.ParseConversion(tt.want)
+		if valid := tt.c.Validate() == nil; valid != (err == nil) || valid && back != tt.c {
+			t.Errorf("ParseConversion(%q) = %v, %v; Validate() valid = %v", tt.want, back, err, valid)
+		}
+	}
+	if _, err := sluice.ParseConversion("clamp"); !errors.Is(err, sluice.ErrInvalidOption) {
+		t.Errorf("ParseConversion(%q) error = %v, want %v", "clamp", err, sluice.ErrInvalidOption)
+	}
+}

@@ -1,43 +1,74 @@
 package sluice
 
-import "context"
+import (
+	"context"
+	"fmt"
+)
 
-// Limiter binds a Store to one Limit, for the common case of one limit for
-// many keys:
+// Limiter binds a Store to one policy and one Limit, for the common case of
+// one quota over many keys:
 //
-//	lim, err := sluice.NewLimiter(store, sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(2)})
+//	lim, err := sluice.NewLimiter(store, "api", sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(2)})
 //	d, err := lim.Allow(ctx, userID)
 //
-// A Limiter is safe for concurrent use if its Store is (every Store in this
-// module is).
+// Two Limiters with different policies never share buckets, even on one
+// store and one key; two with the same policy share them (and convert them
+// when their limits differ, which is what a limit change is). A Limiter is
+// safe for concurrent use if its Store is (every Store in this module is).
 type Limiter struct {
-	store Store
-	limit Limit
+	store  Store
+	policy string
+	limit  Limit
 }
 
-// NewLimiter returns a Limiter deciding under l in store. It returns an error
-// wrapping ErrInvalidLimit if l is not valid.
-func NewLimiter(store Store, l Limit) (*Limiter, error) {
-	if err := l.Validate(); err != nil {
+// NewLimiter returns a Limiter deciding the buckets of policy under l in
+// store. The error wraps ErrInvalidOption if store is nil, ErrInvalidPolicy
+// if policy is not a valid name, or ErrInvalidLimit if l is not valid or the
+// store cannot decide it exactly (CheckLimit).
+func NewLimiter(store Store, policy string, l Limit) (*Limiter, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: store is nil", ErrInvalidOption)
+	}
+	if err := ValidatePolicy(policy); err != nil {
 		return nil, err
 	}
-	return &Limiter{store: store, limit: l}, nil
+	if err := CheckLimit(store, l); err != nil {
+		return nil, err
+	}
+	return &Limiter{store: store, policy: policy, limit: l}, nil
 }
+
+// Policy returns the policy name lim decides under.
+func (lim *Limiter) Policy() string { return lim.policy }
 
 // Limit returns the limit lim decides under.
 func (lim *Limiter) Limit() Limit { return lim.limit }
 
 // Allow takes one token from the bucket of key.
 func (lim *Limiter) Allow(ctx context.Context, key string) (Decision, error) {
-	return lim.store.Take(ctx, Request{Key: key, Cost: 1, Limit: lim.limit})
+	return lim.store.Take(ctx, Request{Policy: lim.policy, Key: key, Cost: 1, Limit: lim.limit})
 }
 
 // AllowN takes cost tokens from the bucket of key.
 func (lim *Limiter) AllowN(ctx context.Context, key string, cost int64) (Decision, error) {
-	return lim.store.Take(ctx, Request{Key: key, Cost: cost, Limit: lim.limit})
+	return lim.store.Take(ctx, Request{Policy: lim.policy, Key: key, Cost: cost, Limit: lim.limit})
 }
 
-// Peek reports the bucket of key without taking anything.
+// Take takes cost tokens from the bucket of key under request ID id (see
+// Request.RequestID): a retry with the same id is not charged again while
+// the store remembers the first allowed decision.
+func (lim *Limiter) Take(ctx context.Context, key string, cost int64, id string) (Decision, error) {
+	return lim.store.Take(ctx, Request{Policy: lim.policy, Key: key, Cost: cost, Limit: lim.limit, RequestID: id})
+}
+
+// Peek reports the bucket of key as a take of one token would see it,
+// without taking anything.
 func (lim *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
-	return lim.store.Peek(ctx, key, lim.limit)
+	return lim.store.Peek(ctx, Request{Policy: lim.policy, Key: key, Cost: 1, Limit: lim.limit})
+}
+
+// PeekN reports whether a take of cost tokens from the bucket of key would
+// succeed now, and when it would, without taking anything.
+func (lim *Limiter) PeekN(ctx context.Context, key string, cost int64) (Decision, error) {
+	return lim.store.Peek(ctx, Request{Policy: lim.policy, Key: key, Cost: cost, Limit: lim.limit})
 }

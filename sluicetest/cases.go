@@ -35,15 +35,17 @@ func refillTime(tokens int64, l sluice.Limit, tick time.Duration) time.Duration 
 }
 
 func req(key string, cost int64, l sluice.Limit) sluice.Request {
-	return sluice.Request{Key: key, Cost: cost, Limit: l}
+	return sluice.Request{Policy: testPolicy, Key: key, Cost: cost, Limit: l}
 }
 
 func reqID(key string, cost int64, l sluice.Limit, id string) sluice.Request {
-	return sluice.Request{Key: key, Cost: cost, Limit: l, RequestID: id}
+	return sluice.Request{Policy: testPolicy, Key: key, Cost: cost, Limit: l, RequestID: id}
 }
 
 // testClockRollback: a clock that steps back refills nothing and never moves
 // a bucket's stamp back; neither a Peek nor a later Peek moves it either.
+// Waits are measured from the caller's now, so they include the time from
+// now to the stamp: the wait a denial names is one that works.
 func (s Suite) testClockRollback(t *testing.T) {
 	r := s.newRig(t, sluice.KeepTokens, time.Minute)
 	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
@@ -52,15 +54,15 @@ func (s Suite) testClockRollback(t *testing.T) {
 	at(2 * time.Hour)
 	r.mustTake(t, req("k", 10, l), allow(0, 10*time.Second, l))
 	at(time.Hour)
-	r.mustTake(t, req("k", 1, l), deny(0, time.Second, 10*time.Second, l))
-	r.mustPeek(t, "k", l, deny(0, time.Second, 10*time.Second, l))
+	r.mustTake(t, req("k", 1, l), deny(0, time.Hour+time.Second, time.Hour+10*time.Second, l))
+	r.mustPeek(t, "k", l, deny(0, time.Hour+time.Second, time.Hour+10*time.Second, l))
 	// Refill counts from 2h, not from 1h.
 	at(2*time.Hour + 500*time.Millisecond)
 	r.mustTake(t, req("k", 1, l), deny(0, 500*time.Millisecond, 9500*time.Millisecond, l))
 	at(2*time.Hour + time.Second)
 	r.mustTake(t, req("k", 1, l), allow(0, 10*time.Second, l))
 	at(time.Hour + time.Second)
-	r.mustTake(t, req("k", 1, l), deny(0, time.Second, 10*time.Second, l))
+	r.mustTake(t, req("k", 1, l), deny(0, time.Hour+time.Second, time.Hour+10*time.Second, l))
 	at(2*time.Hour + 3*time.Second)
 	r.mustTake(t, req("k", 2, l), allow(0, 10*time.Second, l))
 
@@ -70,7 +72,10 @@ func (s Suite) testClockRollback(t *testing.T) {
 	at(3*time.Hour + 500*time.Millisecond)
 	r.mustPeek(t, "f", l, allow(9, 500*time.Millisecond, l))
 	at(2 * time.Hour)
-	r.mustTake(t, req("f", 10, l), deny(9, time.Second, time.Second, l))
+	r.mustTake(t, req("f", 10, l), deny(9, time.Hour+time.Second, time.Hour+time.Second, l))
+	// Waiting what the denial said is enough, and one tick less is not.
+	at(3*time.Hour + time.Second - s.Tick)
+	r.mustPeekReq(t, req("f", 10, l), deny(9, s.Tick, s.Tick, l))
 	at(3*time.Hour + time.Second)
 	r.mustTake(t, req("f", 10, l), allow(0, 10*time.Second, l))
 
@@ -171,16 +176,18 @@ func (s Suite) testBadParameters(t *testing.T) {
 	r := s.newRig(t, sluice.KeepTokens, time.Hour)
 	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
 	r.mustTake(t, req("k", 3, l), allow(7, 3*time.Second, l))
-	for _, c := range badRequests(s.Tick, "k", l) {
+	for _, c := range badRequests(s.Tick, modelKey{testPolicy, "k"}, l) {
 		t.Run(c.name, func(t *testing.T) {
 			d, err := r.take(t, c.req)
 			if !errors.Is(err, c.want) {
 				t.Fatalf("Take(%s) = %+v, %v; want error %v", describe(c.req), d, err, c.want)
 			}
 			if c.peek {
-				d, err := r.peek(t, c.req.Key, c.req.Limit)
+				q := c.req
+				q.RequestID = ""
+				d, err := r.peekReq(t, q)
 				if !errors.Is(err, c.want) {
-					t.Fatalf("Peek(%q, %v) = %+v, %v; want error %v", short(c.req.Key), c.req.Limit, d, err, c.want)
+					t.Fatalf("Peek(%s) = %+v, %v; want error %v", describe(q), d, err, c.want)
 				}
 			}
 			r.mustPeek(t, "k", l, allow(7, 3*time.Second, l))
@@ -236,13 +243,22 @@ func (s Suite) testRequestIDs(t *testing.T) {
 	r.mustTake(t, reqID("k", 2, l, "r1"), replayed(second))
 	conflict(reqID("k", 3, l, "r1"))
 
-	// A denial is remembered like an allowance.
-	one := sluice.Limit{Capacity: 1, Rate: sluice.Per(1, time.Hour)}
-	r.mustTake(t, req("d", 1, one), allow(0, time.Hour, one))
-	denied := deny(0, time.Hour, time.Hour, one)
-	r.mustTake(t, reqID("d", 1, one, "x"), denied)
-	at(time.Minute + 31*time.Second)
-	r.mustTake(t, reqID("d", 1, one, "x"), replayed(denied))
+	// A denial is not remembered: it took nothing, so its retry decides
+	// afresh, and is charged once when it is allowed.
+	one := sluice.Limit{Capacity: 1, Rate: sluice.Per(1, time.Minute)}
+	r.mustTake(t, req("d", 1, one), allow(0, time.Minute, one))
+	at(time.Minute + 31*time.Second) // 30s after the first take
+	r.mustTake(t, reqID("d", 1, one, "x"), deny(0, 30*time.Second, 30*time.Second, one))
+	r.mustTake(t, reqID("d", 1, one, "x"), deny(0, 30*time.Second, 30*time.Second, one))
+	at(2*time.Minute + time.Second)
+	r.mustTake(t, reqID("d", 1, one, "x"), allow(0, time.Minute, one))
+	r.mustTake(t, reqID("d", 1, one, "x"), replayed(allow(0, time.Minute, one)))
+	// The replay consumed nothing: the bucket is full a minute later.
+	at(3*time.Minute + time.Second)
+	r.mustPeek(t, "d", one, allow(1, 0, one))
+	// A different ID is a new request, denied while the bucket refills.
+	r.mustTake(t, reqID("d", 1, one, "y"), allow(0, time.Minute, one))
+	r.mustTake(t, reqID("d", 1, one, "z"), deny(0, time.Minute, time.Minute, one))
 }
 
 // testLimitChanges: a bucket decided under another limit is refilled under
@@ -303,7 +319,7 @@ func (s Suite) testLimitChanges(t *testing.T) {
 			reset: allow(3, time.Second, lower),
 		}},
 	}
-	for _, policy := range policies {
+	for _, policy := range conversions {
 		t.Run(policy.String(), func(t *testing.T) {
 			r := s.newRig(t, policy, time.Minute)
 			for i, tt := range tests {
@@ -318,7 +334,7 @@ func (s Suite) testLimitChanges(t *testing.T) {
 							t.Fatalf("Peek(%q, %v).Remaining = %d, above the capacity", key, tt.l, d.Remaining)
 						}
 					}
-					w := map[sluice.ChangePolicy]sluice.Decision{
+					w := map[sluice.Conversion]sluice.Decision{
 						sluice.KeepTokens: tt.want.keep, sluice.ScaleTokens: tt.want.scale, sluice.ResetTokens: tt.want.reset,
 					}[policy]
 					r.mustTake(t, req(key, 1, tt.l), w)

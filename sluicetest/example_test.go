@@ -15,13 +15,13 @@ func ExampleModel() {
 	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)}
 	ms := int64(time.Millisecond) // ticks of 1ns
 
-	d, _ := m.Take(0, sluice.Request{Key: "k", Cost: 10, Limit: l})
+	d, _ := m.Take(0, sluice.Request{Policy: "api", Key: "k", Cost: 10, Limit: l})
 	fmt.Println(d.Allowed, d.Remaining, d.ResetAfter)
-	d, _ = m.Peek(150*ms, "k", l)
+	d, _ = m.Peek(150*ms, sluice.Request{Policy: "api", Key: "k", Cost: 1, Limit: l})
 	fmt.Println(d.Allowed, d.Remaining, d.ResetAfter)
-	d, _ = m.Take(150*ms, sluice.Request{Key: "k", Cost: 1, Limit: l})
-	fmt.Println(d.Allowed, d.Remaining, d.ResetAfter, m.Level("k").RatString())
-	d, _ = m.Take(150*ms, sluice.Request{Key: "k", Cost: 1, Limit: l})
+	d, _ = m.Take(150*ms, sluice.Request{Policy: "api", Key: "k", Cost: 1, Limit: l})
+	fmt.Println(d.Allowed, d.Remaining, d.ResetAfter, m.Level("api", "k").RatString())
+	d, _ = m.Take(150*ms, sluice.Request{Policy: "api", Key: "k", Cost: 1, Limit: l})
 	fmt.Println(d.Allowed, d.RetryAfter)
 	// Output:
 	// true 0 1s

@@ -11,25 +11,25 @@ import (
 
 // Model is the reference token bucket every store is compared with. It keeps
 // each level as an exact math/big.Rat and follows the contract of
-// DESIGN.md step by step, written independently of sluice.Plan and
-// sluice.State so that the two can check each other.
+// the package sluice documentation step by step, written independently of
+// bucket.Plan and bucket.State so that the two can check each other.
 //
 // Time is an integer number of ticks (the store's time unit) since the
 // store's epoch. A limit whose period is not a whole number of ticks is
-// ErrInvalidLimit. For every key the model holds the level, the tick it was
+// ErrInvalidLimit. For every (policy, key) the model holds the level, the tick it was
 // brought up to date (the stamp) and the limit it was last decided under, and
-// it never drops a bucket or a request ID on its own: a remembered request ID
-// is replayed exactly while now < first decision + TTL, also after the clock
-// has stepped back. (Run accepts a store that forgot an ID once the clock
+// it never drops a bucket or a request ID on its own: the request ID of an
+// allowed decision is replayed exactly while now < first decision + TTL,
+// also after the clock has stepped back; a denial is not remembered. (Run accepts a store that forgot an ID once the clock
 // had shown the end of its TTL; see Suite.)
 //
 // The zero Model is not usable; build one with NewModel. A Model is not safe
 // for concurrent use.
 type Model struct {
 	tick    time.Duration
-	policy  sluice.ChangePolicy
+	conv    sluice.Conversion
 	idTTL   int64 // ticks
-	buckets map[string]*modelBucket
+	buckets map[modelKey]*modelBucket
 	ids     map[modelIDKey]modelID
 }
 
@@ -39,9 +39,12 @@ type modelBucket struct {
 	limit sluice.Limit
 }
 
-type modelIDKey struct{ key, id string }
+// modelKey is the identity of a bucket: two policies never share one.
+type modelKey struct{ policy, key string }
 
-// modelID is a remembered first decision of a request ID.
+type modelIDKey struct{ policy, key, id string }
+
+// modelID is the remembered first allowed decision of a request ID.
 type modelID struct {
 	at       int64 // tick of the first decision
 	cost     int64
@@ -50,11 +53,11 @@ type modelID struct {
 
 // NewModel returns an empty Model of a store whose clock counts ticks of the
 // given length (zero or negative means 1ns), which converts levels on a limit
-// change under policy (values other than sluice.ScaleTokens and
-// sluice.ResetTokens behave as sluice.KeepTokens) and remembers request IDs
-// for requestIDTTL, rounded up to whole ticks (zero or negative remembers
+// change under conv (values other than sluice.ScaleTokens and
+// sluice.ResetTokens behave as sluice.KeepTokens) and remembers the request
+// IDs of allowed decisions for requestIDTTL, rounded up to whole ticks (zero or negative remembers
 // nothing).
-func NewModel(tick time.Duration, policy sluice.ChangePolicy, requestIDTTL time.Duration) *Model {
+func NewModel(tick time.Duration, conv sluice.Conversion, requestIDTTL time.Duration) *Model {
 	if tick <= 0 {
 		tick = time.Nanosecond
 	}
@@ -67,9 +70,9 @@ func NewModel(tick time.Duration, policy sluice.ChangePolicy, requestIDTTL time.
 	}
 	return &Model{
 		tick:    tick,
-		policy:  policy,
+		conv:    conv,
 		idTTL:   ttl,
-		buckets: make(map[string]*modelBucket),
+		buckets: make(map[modelKey]*modelBucket),
 		ids:     make(map[modelIDKey]modelID),
 	}
 }
@@ -77,8 +80,9 @@ func NewModel(tick time.Duration, policy sluice.ChangePolicy, requestIDTTL time.
 // Take decides r at tick now, as every store must: validation errors first
 // (wrapping the sentinels of Request.Validate, or ErrInvalidLimit for a
 // period that is not a whole number of ticks), then a replay or
-// ErrRequestIDConflict for a remembered request ID, then the transition.
-// An error changes nothing.
+// ErrRequestIDConflict for a remembered request ID, then the transition;
+// the request ID of an allowed decision is remembered. An error changes
+// nothing.
 func (m *Model) Take(now int64, r sluice.Request) (sluice.Decision, error) {
 	if err := r.Validate(); err != nil {
 		return sluice.Decision{}, err
@@ -86,66 +90,64 @@ func (m *Model) Take(now int64, r sluice.Request) (sluice.Decision, error) {
 	if err := m.checkTick(r.Limit); err != nil {
 		return sluice.Decision{}, err
 	}
-	ik := modelIDKey{r.Key, r.RequestID}
+	ik := modelIDKey{r.Policy, r.Key, r.RequestID}
 	if r.RequestID != "" {
 		if rec, ok := m.ids[ik]; ok && now < satAdd(rec.at, m.idTTL) {
 			if rec.cost != r.Cost || rec.decision.Limit != r.Limit {
-				return sluice.Decision{}, fmt.Errorf("%w: request ID %q of key %q was first used with cost %d and limit %v, now cost %d and limit %v",
-					sluice.ErrRequestIDConflict, r.RequestID, r.Key, rec.cost, rec.decision.Limit, r.Cost, r.Limit)
+				return sluice.Decision{}, fmt.Errorf("%w: request ID %q of policy %q key %q was first used with cost %d and limit %v, now cost %d and limit %v",
+					sluice.ErrRequestIDConflict, r.RequestID, r.Policy, r.Key, rec.cost, rec.decision.Limit, r.Cost, r.Limit)
 			}
 			d := rec.decision
 			d.Replayed = true
 			return d, nil
 		}
 	}
-	b := m.current(now, r.Key, r.Limit)
+	k := modelKey{r.Policy, r.Key}
+	b := m.current(now, k, r.Limit)
 	cost := new(big.Rat).SetInt64(r.Cost)
 	allowed := b.level.Cmp(cost) >= 0
 	if allowed {
 		b.level.Sub(b.level, cost)
 	}
-	m.buckets[r.Key] = b
-	d := m.decision(b, allowed, r.Cost)
-	if r.RequestID != "" {
+	m.buckets[k] = b
+	d := m.decision(b, allowed, r.Cost, now)
+	if r.RequestID != "" && allowed {
 		m.ids[ik] = modelID{at: now, cost: r.Cost, decision: d}
 	}
 	return d, nil
 }
 
-// Peek reports the bucket of key at tick now as a take of cost 1 under l
-// would see it (converting the level if the bucket was last decided under
-// another limit), without changing or creating anything. Errors wrap
-// ErrInvalidKey or ErrInvalidLimit.
-func (m *Model) Peek(now int64, key string, l sluice.Limit) (sluice.Decision, error) {
-	if err := sluice.ValidateKey(key); err != nil {
+// Peek reports the bucket of (r.Policy, r.Key) at tick now as a take of
+// r.Cost under r.Limit would see it (converting the level if the bucket was
+// last decided under another limit), without changing or creating anything.
+// Errors wrap the sentinels of Request.ValidatePeek.
+func (m *Model) Peek(now int64, r sluice.Request) (sluice.Decision, error) {
+	if err := r.ValidatePeek(); err != nil {
 		return sluice.Decision{}, err
 	}
-	if err := l.Validate(); err != nil {
+	if err := m.checkTick(r.Limit); err != nil {
 		return sluice.Decision{}, err
 	}
-	if err := m.checkTick(l); err != nil {
-		return sluice.Decision{}, err
-	}
-	b := m.current(now, key, l)
-	return m.decision(b, b.level.Cmp(big.NewRat(1, 1)) >= 0, 1), nil
+	b := m.current(now, modelKey{r.Policy, r.Key}, r.Limit)
+	return m.decision(b, b.level.Cmp(new(big.Rat).SetInt64(r.Cost)) >= 0, r.Cost, now), nil
 }
 
-// Level returns a copy of the exact level of the bucket of key as of its
-// last decision (not refilled to any later time), or nil if the model holds
-// no bucket for key; a missing bucket is full under whatever limit it is
+// Level returns a copy of the exact level of the bucket of (policy, key) as
+// of its last decision (not refilled to any later time), or nil if the model
+// holds no such bucket; a missing bucket is full under whatever limit it is
 // next used with.
-func (m *Model) Level(key string) *big.Rat {
-	b, ok := m.buckets[key]
+func (m *Model) Level(policy, key string) *big.Rat {
+	b, ok := m.buckets[modelKey{policy, key}]
 	if !ok {
 		return nil
 	}
 	return new(big.Rat).Set(b.level)
 }
 
-// current returns a copy of the bucket of key brought up to date at tick now
+// current returns a copy of the bucket k brought up to date at tick now
 // under l, without storing it.
-func (m *Model) current(now int64, key string, l sluice.Limit) *modelBucket {
-	old, ok := m.buckets[key]
+func (m *Model) current(now int64, k modelKey, l sluice.Limit) *modelBucket {
+	old, ok := m.buckets[k]
 	if !ok {
 		// 1. A missing bucket starts full, stamped now.
 		return &modelBucket{level: new(big.Rat).SetInt64(l.Capacity), stamp: now, limit: l}
@@ -176,7 +178,7 @@ func (m *Model) refill(b *modelBucket, at int64) {
 }
 
 // convert carries a level that is up to date under from over to to, under
-// the model's policy, rounded down to to's grid of fraction units.
+// the model's conversion, rounded down to to's grid of fraction units.
 func (m *Model) convert(level *big.Rat, from, to sluice.Limit) *big.Rat {
 	oldCap := new(big.Rat).SetInt64(from.Capacity)
 	newCap := new(big.Rat).SetInt64(to.Capacity)
@@ -185,10 +187,10 @@ func (m *Model) convert(level *big.Rat, from, to sluice.Limit) *big.Rat {
 	case level.Cmp(oldCap) == 0:
 		// A full bucket is the same as a missing one.
 		v = newCap
-	case m.policy == sluice.ScaleTokens:
+	case m.conv == sluice.ScaleTokens:
 		v = new(big.Rat).Mul(level, newCap)
 		v.Quo(v, oldCap)
-	case m.policy == sluice.ResetTokens:
+	case m.conv == sluice.ResetTokens:
 		v = newCap
 	default: // KeepTokens
 		v = new(big.Rat).Set(level)
@@ -206,23 +208,26 @@ func (m *Model) convert(level *big.Rat, from, to sluice.Limit) *big.Rat {
 	return new(big.Rat).SetFrac(floor(units), grid)
 }
 
-// decision reports b after a decision on a cost.
-func (m *Model) decision(b *modelBucket, allowed bool, cost int64) sluice.Decision {
+// decision reports b after a decision on a cost at tick now. Waits are
+// measured from now: a bucket stamped after now (the clock stepped back)
+// refills only from its stamp.
+func (m *Model) decision(b *modelBucket, allowed bool, cost int64, now int64) sluice.Decision {
 	d := sluice.Decision{
 		Allowed:   allowed,
 		Remaining: floor(b.level).Int64(),
 		Limit:     b.limit,
 	}
 	if !allowed {
-		d.RetryAfter = m.wait(b, cost)
+		d.RetryAfter = m.wait(b, cost, now)
 	}
-	d.ResetAfter = m.wait(b, b.limit.Capacity)
+	d.ResetAfter = m.wait(b, b.limit.Capacity, now)
 	return d
 }
 
-// wait returns the time until the level of b reaches target: whole ticks,
-// rounded up; Never if it never does or the wait exceeds a time.Duration.
-func (m *Model) wait(b *modelBucket, target int64) time.Duration {
+// wait returns the time from tick now until the level of b reaches target:
+// whole ticks, rounded up; Never if it never does or the wait exceeds a
+// time.Duration.
+func (m *Model) wait(b *modelBucket, target int64, now int64) time.Duration {
 	missing := new(big.Rat).Sub(new(big.Rat).SetInt64(target), b.level)
 	if missing.Sign() <= 0 {
 		return 0
@@ -232,6 +237,9 @@ func (m *Model) wait(b *modelBucket, target int64) time.Duration {
 	}
 	ticks := missing.Mul(missing, new(big.Rat).SetFrac(m.periodTicks(b.limit), big.NewInt(b.limit.Rate.Tokens)))
 	ns := ceil(ticks)
+	if b.stamp > now {
+		ns.Add(ns, new(big.Int).Sub(big.NewInt(b.stamp), big.NewInt(now)))
+	}
 	ns.Mul(ns, big.NewInt(int64(m.tick)))
 	if ns.Cmp(big.NewInt(math.MaxInt64)) > 0 {
 		return sluice.Never

@@ -21,7 +21,11 @@ const maxElapsed = 250 * year
 // on the same buckets, including the longest key and arbitrary bytes.
 var machineKeys = []string{"a", "b", "c", strings.Repeat("k", sluice.MaxKeyLen), "\x00\xffключ"}
 
-var policies = []sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}
+// machinePolicies are the policies of the state machine: two, so that one
+// key is seen under both and their buckets must stay apart.
+var machinePolicies = []string{testPolicy, "other"}
+
+var conversions = []sluice.Conversion{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}
 
 // Limits returns a rapid generator of valid limits whose periods are whole
 // ticks of the given length, favouring the edges: capacity 1 and 2^40, no
@@ -95,7 +99,7 @@ func tokenTicks(l sluice.Limit, tick time.Duration) int64 {
 type machine struct {
 	r        *rig
 	limits   []sluice.Limit
-	using    map[string]sluice.Limit // the limit each key is used with
+	using    map[modelKey]sluice.Limit // the limit each bucket is used with
 	maxTicks int64
 	limitGen *rapid.Generator[sluice.Limit]
 }
@@ -107,12 +111,12 @@ func (s Suite) testModel(t *testing.T) {
 	lg := s.limitGen()
 	hour := int64(time.Hour / s.Tick)
 	rapid.Check(t, func(rt *rapid.T) {
-		policy := rapid.SampledFrom(policies).Draw(rt, "policy")
+		conv := rapid.SampledFrom(conversions).Draw(rt, "conversion")
 		ttl := rapid.SampledFrom([]int64{1, 3, 1000, hour}).Draw(rt, "request ID TTL ticks")
 		m := &machine{
-			r:        s.newRig(t, policy, time.Duration(ttl)*s.Tick),
+			r:        s.newRig(t, conv, time.Duration(ttl)*s.Tick),
 			limits:   rapid.SliceOfN(s.supportedLimitGen(), 1, 4).Draw(rt, "limits"),
-			using:    make(map[string]sluice.Limit),
+			using:    make(map[modelKey]sluice.Limit),
 			maxTicks: int64(maxElapsed / s.Tick),
 			limitGen: lg,
 		}
@@ -130,13 +134,16 @@ func (s Suite) testModel(t *testing.T) {
 	})
 }
 
-// key draws a key by its index in machineKeys, which keeps failure traces
-// short.
-func (m *machine) key(t *rapid.T) string {
-	return machineKeys[rapid.IntRange(0, len(machineKeys)-1).Draw(t, "key (0 a, 1 b, 2 c, 3 512 bytes, 4 binary)")]
+// key draws a bucket: a policy and a key by their indexes in
+// machinePolicies and machineKeys, which keeps failure traces short.
+func (m *machine) key(t *rapid.T) modelKey {
+	return modelKey{
+		policy: machinePolicies[rapid.IntRange(0, len(machinePolicies)-1).Draw(t, "policy (0 test, 1 other)")],
+		key:    machineKeys[rapid.IntRange(0, len(machineKeys)-1).Draw(t, "key (0 a, 1 b, 2 c, 3 512 bytes, 4 binary)")],
+	}
 }
 
-func (m *machine) limitOf(key string) sluice.Limit {
+func (m *machine) limitOf(key modelKey) sluice.Limit {
 	if l, ok := m.using[key]; ok {
 		return l
 	}
@@ -146,7 +153,7 @@ func (m *machine) limitOf(key string) sluice.Limit {
 func (m *machine) take(t *rapid.T) {
 	key := m.key(t)
 	l := m.limitOf(key)
-	m.r.take(t, sluice.Request{Key: key, Cost: costGen(l.Capacity).Draw(t, "cost"), Limit: l})
+	m.r.take(t, sluice.Request{Policy: key.policy, Key: key.key, Cost: costGen(l.Capacity).Draw(t, "cost"), Limit: l})
 }
 
 // changeLimit takes under another limit of the pool, or a new one.
@@ -154,7 +161,7 @@ func (m *machine) changeLimit(t *rapid.T) {
 	key := m.key(t)
 	l := rapid.OneOf(rapid.SampledFrom(m.limits), m.limitGen).Draw(t, "new limit")
 	m.using[key] = l
-	m.r.take(t, sluice.Request{Key: key, Cost: costGen(l.Capacity).Draw(t, "cost"), Limit: l})
+	m.r.take(t, sluice.Request{Policy: key.policy, Key: key.key, Cost: costGen(l.Capacity).Draw(t, "cost"), Limit: l})
 }
 
 func (m *machine) peek(t *rapid.T) {
@@ -163,7 +170,7 @@ func (m *machine) peek(t *rapid.T) {
 	if rapid.Bool().Draw(t, "other limit") {
 		l = rapid.SampledFrom(m.limits).Draw(t, "peek limit")
 	}
-	m.r.peek(t, key, l)
+	m.r.peekReq(t, sluice.Request{Policy: key.policy, Key: key.key, Cost: costGen(l.Capacity).Draw(t, "peek cost"), Limit: l})
 }
 
 // forward moves the clock d ticks forwards, not beyond maxTicks.
@@ -208,12 +215,12 @@ func (m *machine) stepBack(t *rapid.T) {
 func (m *machine) takeID(t *rapid.T) {
 	key := m.key(t)
 	id := rapid.SampledFrom([]string{"r0", "r1", "r2"}).Draw(t, "request ID")
-	rec, seen := m.r.model.ids[modelIDKey{key, id}]
+	rec, seen := m.r.model.ids[modelIDKey{key.policy, key.key, id}]
 	how := "new"
 	if seen {
 		how = rapid.SampledFrom([]string{"same", "other cost", "other limit", "new"}).Draw(t, "parameters")
 	}
-	req := sluice.Request{Key: key, RequestID: id}
+	req := sluice.Request{Policy: key.policy, Key: key.key, RequestID: id}
 	switch how {
 	case "same":
 		req.Cost, req.Limit = rec.cost, rec.decision.Limit
@@ -241,7 +248,9 @@ func (m *machine) bad(t *rapid.T) {
 	t.Logf("bad request: %s: Take(%s)", c.name, describe(c.req))
 	m.r.take(t, c.req)
 	if c.peek {
-		m.r.peek(t, c.req.Key, c.req.Limit)
+		q := c.req
+		q.RequestID = ""
+		m.r.peekReq(t, q)
 	}
 }
 
@@ -249,7 +258,7 @@ func (m *machine) bad(t *rapid.T) {
 func (m *machine) check(t *rapid.T) {
 	for key, b := range m.r.model.buckets {
 		if b.level.Sign() < 0 || b.level.Cmp(new(big.Rat).SetInt64(b.limit.Capacity)) > 0 {
-			t.Fatalf("model level of %q is %s, outside [0, %d]", short(key), level(b.level), b.limit.Capacity)
+			t.Fatalf("model level of policy %q key %q is %s, outside [0, %d]", key.policy, short(key.key), level(b.level), b.limit.Capacity)
 		}
 	}
 }
@@ -259,12 +268,13 @@ type badCase struct {
 	name string
 	req  sluice.Request
 	want error
-	peek bool // Peek(req.Key, req.Limit) fails the same way
+	peek bool // a Peek of req without its request ID fails the same way
 }
 
 // badRequests returns one request per bad parameter, built from a valid key
 // and limit, each carrying a request ID (which must not be remembered).
-func badRequests(tick time.Duration, key string, l sluice.Limit) []badCase {
+func badRequests(tick time.Duration, b modelKey, l sluice.Limit) []badCase {
+	policy, key := b.policy, b.key
 	// other is another valid limit, to which converting a bucket loses
 	// tokens (half the capacity, whole tokens only): a store that converted
 	// the bucket before checking the cost would be noticed.
@@ -275,14 +285,17 @@ func badRequests(tick time.Duration, key string, l sluice.Limit) []badCase {
 	withLimit := func(f func(*sluice.Limit)) sluice.Request {
 		bad := l
 		f(&bad)
-		return sluice.Request{Key: key, Cost: 1, Limit: bad, RequestID: "bad"}
+		return sluice.Request{Policy: policy, Key: key, Cost: 1, Limit: bad, RequestID: "bad"}
 	}
 	cases := []badCase{
-		{"empty key", sluice.Request{Key: "", Cost: 1, Limit: l, RequestID: "bad"}, sluice.ErrInvalidKey, true},
-		{"513-byte key", sluice.Request{Key: strings.Repeat("k", sluice.MaxKeyLen+1), Cost: 1, Limit: l, RequestID: "bad"}, sluice.ErrInvalidKey, true},
-		{"cost 0", sluice.Request{Key: key, Cost: 0, Limit: other, RequestID: "bad"}, sluice.ErrInvalidCost, false},
-		{"cost -1", sluice.Request{Key: key, Cost: -1, Limit: other, RequestID: "bad"}, sluice.ErrInvalidCost, false},
-		{"cost above capacity", sluice.Request{Key: key, Cost: other.Capacity + 1, Limit: other, RequestID: "bad"}, sluice.ErrInvalidCost, false},
+		{"empty policy", sluice.Request{Policy: "", Key: key, Cost: 1, Limit: l, RequestID: "bad"}, sluice.ErrInvalidPolicy, true},
+		{"65-byte policy", sluice.Request{Policy: strings.Repeat("p", sluice.MaxPolicyLen+1), Key: key, Cost: 1, Limit: l, RequestID: "bad"}, sluice.ErrInvalidPolicy, true},
+		{"policy with a space", sluice.Request{Policy: "a b", Key: key, Cost: 1, Limit: l, RequestID: "bad"}, sluice.ErrInvalidPolicy, true},
+		{"empty key", sluice.Request{Policy: policy, Key: "", Cost: 1, Limit: l, RequestID: "bad"}, sluice.ErrInvalidKey, true},
+		{"513-byte key", sluice.Request{Policy: policy, Key: strings.Repeat("k", sluice.MaxKeyLen+1), Cost: 1, Limit: l, RequestID: "bad"}, sluice.ErrInvalidKey, true},
+		{"cost 0", sluice.Request{Policy: policy, Key: key, Cost: 0, Limit: other, RequestID: "bad"}, sluice.ErrInvalidCost, true},
+		{"cost -1", sluice.Request{Policy: policy, Key: key, Cost: -1, Limit: other, RequestID: "bad"}, sluice.ErrInvalidCost, true},
+		{"cost above capacity", sluice.Request{Policy: policy, Key: key, Cost: other.Capacity + 1, Limit: other, RequestID: "bad"}, sluice.ErrInvalidCost, true},
 		{"capacity 0", withLimit(func(l *sluice.Limit) { l.Capacity = 0 }), sluice.ErrInvalidLimit, true},
 		{"capacity 2^40+1", withLimit(func(l *sluice.Limit) { l.Capacity = sluice.MaxCapacity + 1 }), sluice.ErrInvalidLimit, true},
 		{"tokens -1", withLimit(func(l *sluice.Limit) { l.Rate.Tokens = -1 }), sluice.ErrInvalidLimit, true},
@@ -290,7 +303,7 @@ func badRequests(tick time.Duration, key string, l sluice.Limit) []badCase {
 		{"period 0", withLimit(func(l *sluice.Limit) { l.Rate.Period = 0 }), sluice.ErrInvalidLimit, true},
 		{"period -1ns", withLimit(func(l *sluice.Limit) { l.Rate.Period = -1 }), sluice.ErrInvalidLimit, true},
 		{"period 366 days + 1ns", withLimit(func(l *sluice.Limit) { l.Rate.Period = sluice.MaxPeriod + 1 }), sluice.ErrInvalidLimit, true},
-		{"513-byte request ID", sluice.Request{Key: key, Cost: 1, Limit: other, RequestID: strings.Repeat("r", sluice.MaxRequestIDLen+1)}, sluice.ErrInvalidRequestID, false},
+		{"513-byte request ID", sluice.Request{Policy: policy, Key: key, Cost: 1, Limit: other, RequestID: strings.Repeat("r", sluice.MaxRequestIDLen+1)}, sluice.ErrInvalidRequestID, false},
 	}
 	if tick > time.Nanosecond {
 		cases = append(cases, badCase{"period not a whole number of ticks",
@@ -343,12 +356,12 @@ func (s Suite) testGuarantee(t *testing.T) {
 				bound = new(big.Rat).Sub(capacity, new(big.Rat).Mul(big.NewRat(eff, 1), rate))
 			}
 			c := cost.Draw(rt, "cost")
-			d, _ := r.take(rt, sluice.Request{Key: "k", Cost: c, Limit: l})
+			d, _ := r.take(rt, sluice.Request{Policy: testPolicy, Key: "k", Cost: c, Limit: l})
 			eff = max(eff, r.now)
 			if d.Allowed {
 				allowed += c
 			}
-			lv := r.model.Level("k")
+			lv := r.model.Level(testPolicy, "k")
 			if lv.Sign() < 0 || lv.Cmp(capacity) > 0 {
 				rt.Fatalf("event %d: level %s is outside [0, %d]", j, level(lv), l.Capacity)
 			}

@@ -41,13 +41,13 @@ func (s *modelStore) Take(ctx context.Context, r sluice.Request) (sluice.Decisio
 	return s.m.Take(s.ticks(), r)
 }
 
-func (s *modelStore) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
+func (s *modelStore) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return sluice.Decision{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.m.Peek(s.ticks(), key, l)
+	return s.m.Peek(s.ticks(), r)
 }
 
 func TestRunModelStore(t *testing.T) {
@@ -82,17 +82,14 @@ func (s refusingStore) Take(ctx context.Context, r sluice.Request) (sluice.Decis
 	return s.modelStore.Take(ctx, r)
 }
 
-func (s refusingStore) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
-	if err := sluice.ValidateKey(key); err != nil {
+func (s refusingStore) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := r.ValidatePeek(); err != nil {
 		return sluice.Decision{}, err
 	}
-	if err := l.Validate(); err != nil {
+	if err := s.refuse(r.Limit); err != nil {
 		return sluice.Decision{}, err
 	}
-	if err := s.refuse(l); err != nil {
-		return sluice.Decision{}, err
-	}
-	return s.modelStore.Peek(ctx, key, l)
+	return s.modelStore.Peek(ctx, r)
 }
 
 // TestRunRefusingStore runs the suite against a store that refuses limits

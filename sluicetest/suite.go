@@ -46,7 +46,7 @@ type StoreOptions struct {
 	// moves the clock by whole ticks, so differences stay exact.
 	Now func() time.Time
 	// OnLimitChange is how levels carry over on a limit change.
-	OnLimitChange sluice.ChangePolicy
+	OnLimitChange sluice.Conversion
 	// RequestIDTTL is how long the first decision of a request ID is
 	// remembered. The suite always sets it to a positive duration.
 	RequestIDTTL time.Duration
@@ -98,6 +98,10 @@ const (
 	DefaultWorkers        = 64
 	DefaultTakesPerWorker = 10000
 )
+
+// testPolicy is the policy of the suite's requests, unless a test says
+// otherwise.
+const testPolicy = "test"
 
 // start is tick zero of every test: an arbitrary wall time, so that a store
 // that reads the zero time or time.Now by mistake is noticed.
@@ -157,17 +161,17 @@ type rig struct {
 	ctx      context.Context
 }
 
-func (s Suite) newRig(t *testing.T, policy sluice.ChangePolicy, requestIDTTL time.Duration) *rig {
+func (s Suite) newRig(t *testing.T, conv sluice.Conversion, requestIDTTL time.Duration) *rig {
 	t.Helper()
 	c := NewClock(start)
-	st := s.New(t, StoreOptions{Now: c.Now, OnLimitChange: policy, RequestIDTTL: requestIDTTL})
+	st := s.New(t, StoreOptions{Now: c.Now, OnLimitChange: conv, RequestIDTTL: requestIDTTL})
 	if st == nil {
 		t.Fatal("sluicetest.Suite.New returned nil")
 	}
 	return &rig{
 		store:    st,
 		supports: s.Supports,
-		model:    NewModel(s.Tick, policy, requestIDTTL),
+		model:    NewModel(s.Tick, conv, requestIDTTL),
 		clock:    c,
 		tick:     s.Tick,
 		ctx:      context.Background(),
@@ -211,7 +215,7 @@ func (r *rig) take(t tb, req sluice.Request) (sluice.Decision, error) {
 		if differ(got, err, want, wantErr) == "" {
 			return got, err
 		}
-		delete(r.model.ids, modelIDKey{req.Key, req.RequestID})
+		delete(r.model.ids, modelIDKey{req.Policy, req.Key, req.RequestID})
 	}
 	want, wantErr := r.model.Take(r.now, req)
 	same(t, fmt.Sprintf("Take(%s) at %v", describe(req), r.at()), got, err, want, wantErr)
@@ -226,7 +230,7 @@ func (r *rig) forgettable(req sluice.Request) bool {
 	if req.RequestID == "" {
 		return false
 	}
-	rec, ok := r.model.ids[modelIDKey{req.Key, req.RequestID}]
+	rec, ok := r.model.ids[modelIDKey{req.Policy, req.Key, req.RequestID}]
 	if !ok {
 		return false
 	}
@@ -243,20 +247,27 @@ func (r *rig) refused(l sluice.Limit) error {
 	return r.supports(l)
 }
 
-// peek is take for Peek.
+// peek is take for Peek of one token of key under l, in the suite's
+// default policy.
 func (r *rig) peek(t tb, key string, l sluice.Limit) (sluice.Decision, error) {
 	t.Helper()
-	got, err := r.store.Peek(r.ctx, key, l)
-	if sluice.ValidateKey(key) == nil && l.Validate() == nil {
-		if why := r.refused(l); why != nil {
+	return r.peekReq(t, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: l})
+}
+
+// peekReq is take for Peek.
+func (r *rig) peekReq(t tb, req sluice.Request) (sluice.Decision, error) {
+	t.Helper()
+	got, err := r.store.Peek(r.ctx, req)
+	if req.ValidatePeek() == nil {
+		if why := r.refused(req.Limit); why != nil {
 			if !errors.Is(err, sluice.ErrInvalidLimit) {
-				t.Fatalf("Peek(%q, %v) at %v = %+v, %v; want error %v (Suite.Supports refuses the limit: %v)", short(key), l, r.at(), got, err, sluice.ErrInvalidLimit, why)
+				t.Fatalf("Peek(%s) at %v = %+v, %v; want error %v (Suite.Supports refuses the limit: %v)", describe(req), r.at(), got, err, sluice.ErrInvalidLimit, why)
 			}
 			return got, err
 		}
 	}
-	want, wantErr := r.model.Peek(r.now, key, l)
-	same(t, fmt.Sprintf("Peek(%q, %v) at %v", short(key), l, r.at()), got, err, want, wantErr)
+	want, wantErr := r.model.Peek(r.now, req)
+	same(t, fmt.Sprintf("Peek(%s) at %v", describe(req), r.at()), got, err, want, wantErr)
 	return got, err
 }
 
@@ -277,18 +288,25 @@ func (r *rig) mustTake(t tb, req sluice.Request, want sluice.Decision) {
 	}
 }
 
-// mustPeek is mustTake for Peek.
+// mustPeek is mustTake for a Peek of one token of key under l, in the
+// suite's default policy.
 func (r *rig) mustPeek(t tb, key string, l sluice.Limit, want sluice.Decision) {
 	t.Helper()
-	got, err := r.peek(t, key, l)
-	if why := r.refused(l); why != nil {
-		t.Skipf("the store refuses limit %v, which this case needs: %v", l, why)
+	r.mustPeekReq(t, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: l}, want)
+}
+
+// mustPeekReq is mustTake for Peek.
+func (r *rig) mustPeekReq(t tb, req sluice.Request, want sluice.Decision) {
+	t.Helper()
+	got, err := r.peekReq(t, req)
+	if why := r.refused(req.Limit); why != nil {
+		t.Skipf("the store refuses limit %v, which this case needs: %v", req.Limit, why)
 	}
 	if err != nil {
-		t.Fatalf("Peek(%q, %v) at %v: %v", short(key), l, r.at(), err)
+		t.Fatalf("Peek(%s) at %v: %v", describe(req), r.at(), err)
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Fatalf("Peek(%q, %v) at %v = %+v, want %+v (-want +got):\n%s", short(key), l, r.at(), got, want, diff)
+		t.Fatalf("Peek(%s) at %v = %+v, want %+v (-want +got):\n%s", describe(req), r.at(), got, want, diff)
 	}
 }
 
@@ -326,6 +344,7 @@ func differ(got sluice.Decision, err error, want sluice.Decision, wantErr error)
 }
 
 var sentinels = []error{
+	sluice.ErrInvalidPolicy,
 	sluice.ErrInvalidKey,
 	sluice.ErrInvalidCost,
 	sluice.ErrInvalidLimit,
@@ -346,7 +365,7 @@ func sentinel(err error) error {
 
 // describe formats a request compactly for failure messages.
 func describe(r sluice.Request) string {
-	s := fmt.Sprintf("%q, cost %d, limit %q", short(r.Key), r.Cost, r.Limit)
+	s := fmt.Sprintf("policy %q, key %q, cost %d, limit %q", short(r.Policy), short(r.Key), r.Cost, r.Limit)
 	if r.RequestID != "" {
 		s += fmt.Sprintf(", ID %q", short(r.RequestID))
 	}

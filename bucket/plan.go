@@ -1,4 +1,9 @@
-package sluice
+// Package bucket is the exact arithmetic of one token bucket: the reference
+// transition that every Sluice store implements, as pure functions of
+// (state, plan, now, cost) with no I/O, clock or locks. Users of a store do
+// not need it; it is for stores, for tests and for tools that replay traces
+// without a store.
+package bucket
 
 import (
 	"fmt"
@@ -6,9 +11,12 @@ import (
 	"math/big"
 	"math/bits"
 	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/exact"
 )
 
-// Plan is a Limit prepared for exact integer arithmetic on a store's clock,
+// Plan is a sluice.Limit prepared for exact integer arithmetic on a store's clock,
 // which counts whole ticks (1ns for the in-memory store). Its methods are the
 // reference transition that every store implements: pure functions of
 // (state, plan, now, cost) with no I/O, clock or locks.
@@ -16,13 +24,13 @@ import (
 // The rate n tokens per P is reduced by gcd(n, P/tick) to n' tokens every p'
 // ticks. A level is held as Tokens whole tokens plus Frac/p' of a token, so
 // e ticks of refill add exactly e*n' fraction units and nothing is rounded
-// away or invented. Within the bounds of Limit.Validate every intermediate
+// away or invented. Within the bounds of sluice.Limit.Validate every intermediate
 // fits in 128 bits.
 //
 // A Plan is a comparable value; the zero Plan is not usable. Build one with
 // NewPlan.
 type Plan struct {
-	limit Limit
+	limit sluice.Limit
 	tick  time.Duration
 	n     uint64 // fraction units added per tick (reduced rate tokens)
 	per   uint64 // ticks per n tokens (reduced), and fraction units per token
@@ -42,29 +50,29 @@ type State struct {
 
 // NewPlan validates l and prepares it for a clock that counts ticks of the
 // given length. The period must be a whole number of ticks. Errors wrap
-// ErrInvalidLimit.
-func NewPlan(l Limit, tick time.Duration) (Plan, error) {
+// sluice.ErrInvalidLimit.
+func NewPlan(l sluice.Limit, tick time.Duration) (Plan, error) {
 	if err := l.Validate(); err != nil {
 		return Plan{}, err
 	}
 	if tick <= 0 {
-		return Plan{}, fmt.Errorf("%w: clock tick %v is not positive", ErrInvalidLimit, tick)
+		return Plan{}, fmt.Errorf("%w: clock tick %v is not positive", sluice.ErrInvalidLimit, tick)
 	}
 	if l.Rate.Period%tick != 0 {
-		return Plan{}, fmt.Errorf("%w: period %v is not a whole number of %v (the store's time unit)", ErrInvalidLimit, l.Rate.Period, tick)
+		return Plan{}, fmt.Errorf("%w: period %v is not a whole number of %v (the store's time unit)", sluice.ErrInvalidLimit, l.Rate.Period, tick)
 	}
 	n, per := uint64(l.Rate.Tokens), uint64(l.Rate.Period/tick)
 	if n == 0 {
 		per = 1
 	} else {
-		g := gcd(n, per)
+		g := exact.GCD(n, per)
 		n, per = n/g, per/g
 	}
-	return Plan{limit: l, tick: tick, n: n, per: per, maxTicks: uint64(Never / tick)}, nil
+	return Plan{limit: l, tick: tick, n: n, per: per, maxTicks: uint64(sluice.Never / tick)}, nil
 }
 
 // Limit returns the limit p was built from.
-func (p *Plan) Limit() Limit { return p.limit }
+func (p *Plan) Limit() sluice.Limit { return p.limit }
 
 // Tick returns the length of one clock tick.
 func (p *Plan) Tick() time.Duration { return p.tick }
@@ -113,9 +121,14 @@ func (p *Plan) refill(tokens int64, frac, elapsed uint64) (int64, uint64) {
 // Take refills *s at tick now, takes cost tokens if the level covers it,
 // and writes the decision to *d (every field: Replayed and Degraded are
 // false). The refilled state is kept either way. cost must be in
-// [1, capacity]; Request.Validate checks that. Take writes through pointers
-// so that a store's hot path copies neither the state nor the decision.
-func (p *Plan) Take(s *State, now int64, cost int64, d *Decision) {
+// [1, capacity]; sluice.Request.Validate checks that. Take writes through
+// pointers so that a store's hot path copies neither the state nor the
+// decision.
+//
+// Waits are measured from now, the caller's clock: if now is before the
+// stamp (the clock stepped back), the bucket refills only from its stamp,
+// so the waits include the ticks from now to the stamp.
+func (p *Plan) Take(s *State, now int64, cost int64, d *sluice.Decision) {
 	tokens, frac, stamp := s.Tokens, s.Frac, s.Stamp
 	if now > stamp {
 		tokens, frac = p.refill(tokens, frac, uint64(now)-uint64(stamp))
@@ -127,35 +140,50 @@ func (p *Plan) Take(s *State, now int64, cost int64, d *Decision) {
 	if allowed {
 		tokens -= cost
 	} else {
-		retry = p.wait(tokens, frac, cost)
+		retry = p.wait(tokens, frac, cost, uint64(stamp)-uint64(now))
 	}
 	s.Tokens, s.Frac, s.Stamp = tokens, frac, stamp
 	d.Allowed = allowed
 	d.Remaining = tokens
 	d.RetryAfter = retry
-	d.ResetAfter = p.wait(tokens, frac, p.limit.Capacity)
+	d.ResetAfter = p.wait(tokens, frac, p.limit.Capacity, uint64(stamp)-uint64(now))
 	d.Limit = p.limit
 	d.Replayed = false
 	d.Degraded = false
 }
 
-// Peek reports s at tick now as a take of cost 1 would see it, without
-// taking anything.
-func (p *Plan) Peek(s State, now int64) Decision {
+// Peek reports s at tick now as a take of cost would see it, without taking
+// anything: Allowed tells whether cost tokens are there, RetryAfter is the
+// wait until they are. cost must be in [1, capacity].
+func (p *Plan) Peek(s State, now int64, cost int64) sluice.Decision {
+	var behind uint64
+	if now < s.Stamp {
+		behind = uint64(s.Stamp) - uint64(now)
+	}
 	s = p.Refill(s, now)
-	d := Decision{Allowed: s.Tokens >= 1, Remaining: s.Tokens, Limit: p.limit}
-	d.RetryAfter = p.wait(s.Tokens, s.Frac, 1)
-	d.ResetAfter = p.wait(s.Tokens, s.Frac, p.limit.Capacity)
+	d := sluice.Decision{Allowed: s.Tokens >= cost, Remaining: s.Tokens, Limit: p.limit}
+	d.RetryAfter = p.wait(s.Tokens, s.Frac, cost, behind)
+	d.ResetAfter = p.wait(s.Tokens, s.Frac, p.limit.Capacity, behind)
 	return d
 }
 
-// wait returns the time until the level of s reaches target, rounded up to
-// whole ticks: zero if it already has, Never if it never does or the wait
-// exceeds a time.Duration.
-func (p *Plan) wait(tokens int64, frac uint64, target int64) time.Duration {
+// wait returns the time until the level tokens+frac/per reaches target,
+// plus behind ticks the caller's clock is behind the stamp, rounded up to
+// whole ticks: zero if the level is there already, sluice.Never if it never
+// gets there or the wait exceeds a time.Duration.
+func (p *Plan) wait(tokens int64, frac uint64, target int64, behind uint64) time.Duration {
 	t, ok := p.ticksUntil(tokens, frac, target)
-	if !ok || t > p.maxTicks {
-		return Never
+	if !ok {
+		return sluice.Never
+	}
+	if t == 0 {
+		return 0
+	}
+	if t += behind; t < behind {
+		return sluice.Never
+	}
+	if t > p.maxTicks {
+		return sluice.Never
 	}
 	return time.Duration(t) * p.tick
 }
@@ -192,45 +220,16 @@ func (p *Plan) deficit(tokens int64, frac uint64, target int64) (hi, lo uint64) 
 	return hi - borrow, lo
 }
 
-// ChangePolicy says how the level of a bucket carries over when a request
-// arrives with a limit other than the one the bucket was last decided under.
-// The bucket is first refilled under its old limit up to now; the conversion
-// then always rounds down and never leaves more than the new capacity.
-type ChangePolicy uint8
-
-const (
-	// KeepTokens keeps the level, clamped to the new capacity. The default.
-	KeepTokens ChangePolicy = iota
-	// ScaleTokens keeps the level's fraction of capacity:
-	// new level = old level * new capacity / old capacity.
-	ScaleTokens
-	// ResetTokens starts the bucket full under the new limit.
-	ResetTokens
-)
-
-// String returns "keep", "scale" or "reset".
-func (c ChangePolicy) String() string {
-	switch c {
-	case KeepTokens:
-		return "keep"
-	case ScaleTokens:
-		return "scale"
-	case ResetTokens:
-		return "reset"
-	}
-	return fmt.Sprintf("ChangePolicy(%d)", uint8(c))
-}
-
 // Convert carries s, already refilled under from, over to p under policy c.
 // The level is rounded down to p's fraction units; the stamp is kept. A
 // bucket that is full under from is full under p whatever the policy, exactly
 // as if it had expired (which a store may do to full buckets at any time).
-func (p *Plan) Convert(s State, from *Plan, c ChangePolicy) State {
+func (p *Plan) Convert(s State, from *Plan, c sluice.Conversion) State {
 	out := State{Stamp: s.Stamp}
 	switch {
-	case s.Tokens >= from.limit.Capacity || c == ResetTokens:
+	case s.Tokens >= from.limit.Capacity || c == sluice.ResetTokens:
 		out.Tokens = p.limit.Capacity
-	case c == ScaleTokens:
+	case c == sluice.ScaleTokens:
 		// units = floor((Tokens*from.per + Frac) * newCap * per / (from.per * oldCap)).
 		// Rare path; math/big keeps it exact whatever the sizes.
 		num := new(big.Int).Mul(big.NewInt(s.Tokens), new(big.Int).SetUint64(from.per))
@@ -273,11 +272,4 @@ func ceilDiv(hi, lo, d uint64) (uint64, bool) {
 		q++
 	}
 	return q, true
-}
-
-func gcd(a, b uint64) uint64 {
-	for b != 0 {
-		a, b = b, a%b
-	}
-	return a
 }

@@ -1,4 +1,4 @@
-package sluice_test
+package bucket_test
 
 import (
 	"errors"
@@ -10,10 +10,18 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
-const year = 365 * day
+func limit(capacity, tokens int64, period time.Duration) sluice.Limit {
+	return sluice.Limit{Capacity: capacity, Rate: sluice.Rate{Tokens: tokens, Period: period}}
+}
+
+const (
+	day  = 24 * time.Hour
+	year = 365 * day
+)
 
 func allow(remaining int64, resetAfter time.Duration, l sluice.Limit) sluice.Decision {
 	return sluice.Decision{Allowed: true, Remaining: remaining, ResetAfter: resetAfter, Limit: l}
@@ -23,9 +31,9 @@ func deny(remaining int64, retryAfter, resetAfter time.Duration, l sluice.Limit)
 	return sluice.Decision{Remaining: remaining, RetryAfter: retryAfter, ResetAfter: resetAfter, Limit: l}
 }
 
-func mustPlan(t testing.TB, l sluice.Limit, tick time.Duration) sluice.Plan {
+func mustPlan(t testing.TB, l sluice.Limit, tick time.Duration) bucket.Plan {
 	t.Helper()
-	p, err := sluice.NewPlan(l, tick)
+	p, err := bucket.NewPlan(l, tick)
 	if err != nil {
 		t.Fatalf("NewPlan(%v, %v): %v", l, tick, err)
 	}
@@ -70,7 +78,7 @@ func TestNewPlanErrors(t *testing.T) {
 		{"period shorter than a tick", limit(1, 1, time.Nanosecond), time.Microsecond},
 	}
 	for _, tt := range tests {
-		if p, err := sluice.NewPlan(tt.l, tt.tick); !errors.Is(err, sluice.ErrInvalidLimit) {
+		if p, err := bucket.NewPlan(tt.l, tt.tick); !errors.Is(err, sluice.ErrInvalidLimit) {
 			t.Errorf("%s: NewPlan(%v, %v) = %+v, %v; want an error wrapping ErrInvalidLimit", tt.name, tt.l, tt.tick, p, err)
 		}
 	}
@@ -82,7 +90,7 @@ type step struct {
 	at    int64
 	cost  int64
 	want  sluice.Decision
-	state *sluice.State // the state afterwards, if checked
+	state *bucket.State // the state afterwards, if checked
 }
 
 func TestPlanTransitions(t *testing.T) {
@@ -105,17 +113,17 @@ func TestPlanTransitions(t *testing.T) {
 		steps []step
 	}{
 		{"10/s for 150ms is 1.5 tokens", tenPerSec, time.Nanosecond, []step{
-			{0, 10, allow(0, time.Second, tenPerSec), &sluice.State{Tokens: 0, Frac: 0, Stamp: 0}},
+			{0, 10, allow(0, time.Second, tenPerSec), &bucket.State{Tokens: 0, Frac: 0, Stamp: 0}},
 			{150 * ms, 0, allow(1, 850*time.Millisecond, tenPerSec), nil},
-			{150 * ms, 1, allow(0, 950*time.Millisecond, tenPerSec), &sluice.State{Tokens: 0, Frac: 5e7, Stamp: 150 * ms}},
+			{150 * ms, 1, allow(0, 950*time.Millisecond, tenPerSec), &bucket.State{Tokens: 0, Frac: 5e7, Stamp: 150 * ms}},
 			{150 * ms, 1, deny(0, 50*time.Millisecond, 950*time.Millisecond, tenPerSec), nil},
-			{200 * ms, 1, allow(0, time.Second, tenPerSec), &sluice.State{Stamp: 200 * ms}},
+			{200 * ms, 1, allow(0, time.Second, tenPerSec), &bucket.State{Stamp: 200 * ms}},
 		}},
 		{"10 per 13s", tenPer13s, time.Nanosecond, []step{
 			{0, 10, allow(0, 13*time.Second, tenPer13s), nil},
 			// 10/13 of a token: 0.3s more for one, 12s more for ten.
-			{1 * s, 1, deny(0, 300*time.Millisecond, 12*time.Second, tenPer13s), &sluice.State{Tokens: 0, Frac: 1e9, Stamp: s}},
-			{1300 * ms, 1, allow(0, 13*time.Second, tenPer13s), &sluice.State{Stamp: 1300 * ms}},
+			{1 * s, 1, deny(0, 300*time.Millisecond, 12*time.Second, tenPer13s), &bucket.State{Tokens: 0, Frac: 1e9, Stamp: s}},
+			{1300 * ms, 1, allow(0, 13*time.Second, tenPer13s), &bucket.State{Stamp: 1300 * ms}},
 			{14300 * ms, 0, allow(10, 0, tenPer13s), nil},
 		}},
 		{"1 per 366 days", yearly, time.Nanosecond, []step{
@@ -127,9 +135,9 @@ func TestPlanTransitions(t *testing.T) {
 			{0, sluice.MaxCapacity, allow(0, 1, huge), nil},
 			{0, 1, deny(0, 1, 1, huge), nil},
 			{1, sluice.MaxCapacity, allow(0, 1, huge), nil},
-			{int64(100 * year), sluice.MaxCapacity, allow(0, 1, huge), &sluice.State{Stamp: int64(100 * year)}},
+			{int64(100 * year), sluice.MaxCapacity, allow(0, 1, huge), &bucket.State{Stamp: int64(100 * year)}},
 			{int64(200 * year), 0, allow(sluice.MaxCapacity, 0, huge), nil},
-			{math.MaxInt64, 1, allow(sluice.MaxCapacity-1, 1, huge), &sluice.State{Tokens: sluice.MaxCapacity - 1, Stamp: math.MaxInt64}},
+			{math.MaxInt64, 1, allow(sluice.MaxCapacity-1, 1, huge), &bucket.State{Tokens: sluice.MaxCapacity - 1, Stamp: math.MaxInt64}},
 		}},
 		{"waits round up", odd, time.Nanosecond, []step{
 			{0, 2, allow(0, 7, odd), nil},     // 20/3 ns
@@ -159,17 +167,18 @@ func TestPlanTransitions(t *testing.T) {
 		}},
 		{"a clock that steps back refills nothing", perSec, time.Nanosecond, []step{
 			{3600 * s, 10, allow(0, 10*time.Second, perSec), nil},
-			{0, 1, deny(0, time.Second, 10*time.Second, perSec), &sluice.State{Stamp: 3600 * s}},
+			// Waits count from now: an hour to the stamp, then the refill.
+			{0, 1, deny(0, 3601*time.Second, 3610*time.Second, perSec), &bucket.State{Stamp: 3600 * s}},
 			{3600*s + 500*ms, 1, deny(0, 500*time.Millisecond, 9500*time.Millisecond, perSec), nil},
-			{-3600 * s, 0, deny(0, 500*time.Millisecond, 9500*time.Millisecond, perSec), nil},
-			{3601 * s, 1, allow(0, 10*time.Second, perSec), &sluice.State{Stamp: 3601 * s}},
+			{-3600 * s, 0, deny(0, 7201*time.Second, 7210*time.Second, perSec), nil},
+			{3601 * s, 1, allow(0, 10*time.Second, perSec), &bucket.State{Stamp: 3601 * s}},
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := mustPlan(t, tt.l, tt.tick)
 			model := sluicetest.NewModel(tt.tick, sluice.KeepTokens, 0)
-			var st sluice.State
+			var st bucket.State
 			for i, s := range tt.steps {
 				if i == 0 {
 					st = p.Full(s.at)
@@ -177,11 +186,11 @@ func TestPlanTransitions(t *testing.T) {
 				var got, want sluice.Decision
 				var err error
 				if s.cost == 0 {
-					got = p.Peek(st, s.at)
-					want, err = model.Peek(s.at, "k", tt.l)
+					got = p.Peek(st, s.at, 1)
+					want, err = model.Peek(s.at, sluice.Request{Policy: "p", Key: "k", Cost: 1, Limit: tt.l})
 				} else {
 					p.Take(&st, s.at, s.cost, &got)
-					want, err = model.Take(s.at, sluice.Request{Key: "k", Cost: s.cost, Limit: tt.l})
+					want, err = model.Take(s.at, sluice.Request{Policy: "p", Key: "k", Cost: s.cost, Limit: tt.l})
 				}
 				if diff := cmp.Diff(s.want, got); diff != "" {
 					t.Fatalf("step %d: cost %d at tick %d = %+v, want %+v (-want +got):\n%s", i, s.cost, s.at, got, s.want, diff)
@@ -201,18 +210,18 @@ func TestPlanRefill(t *testing.T) {
 	p := mustPlan(t, limit(10, 10, time.Second), time.Nanosecond) // scale 1e8
 	tests := []struct {
 		name string
-		s    sluice.State
+		s    bucket.State
 		now  int64
-		want sluice.State
+		want bucket.State
 	}{
-		{"no time", sluice.State{Tokens: 3, Frac: 7, Stamp: 100}, 100, sluice.State{Tokens: 3, Frac: 7, Stamp: 100}},
-		{"backwards", sluice.State{Tokens: 3, Frac: 7, Stamp: 100}, 50, sluice.State{Tokens: 3, Frac: 7, Stamp: 100}},
-		{"one unit", sluice.State{Tokens: 3, Frac: 7, Stamp: 100}, 101, sluice.State{Tokens: 3, Frac: 8, Stamp: 101}},
-		{"carry into a token", sluice.State{Tokens: 3, Frac: 1e8 - 1, Stamp: 0}, 1, sluice.State{Tokens: 4, Frac: 0, Stamp: 1}},
-		{"exactly full", sluice.State{Tokens: 9, Frac: 1, Stamp: 0}, 1e8 - 1, sluice.State{Tokens: 10, Stamp: 1e8 - 1}},
-		{"just short of full", sluice.State{Tokens: 9, Frac: 1, Stamp: 0}, 1e8 - 2, sluice.State{Tokens: 9, Frac: 1e8 - 1, Stamp: 1e8 - 2}},
-		{"capped", sluice.State{Tokens: 0, Stamp: math.MinInt64}, math.MaxInt64, sluice.State{Tokens: 10, Stamp: math.MaxInt64}},
-		{"full moves the stamp", sluice.State{Tokens: 10, Stamp: 0}, 5, sluice.State{Tokens: 10, Stamp: 5}},
+		{"no time", bucket.State{Tokens: 3, Frac: 7, Stamp: 100}, 100, bucket.State{Tokens: 3, Frac: 7, Stamp: 100}},
+		{"backwards", bucket.State{Tokens: 3, Frac: 7, Stamp: 100}, 50, bucket.State{Tokens: 3, Frac: 7, Stamp: 100}},
+		{"one unit", bucket.State{Tokens: 3, Frac: 7, Stamp: 100}, 101, bucket.State{Tokens: 3, Frac: 8, Stamp: 101}},
+		{"carry into a token", bucket.State{Tokens: 3, Frac: 1e8 - 1, Stamp: 0}, 1, bucket.State{Tokens: 4, Frac: 0, Stamp: 1}},
+		{"exactly full", bucket.State{Tokens: 9, Frac: 1, Stamp: 0}, 1e8 - 1, bucket.State{Tokens: 10, Stamp: 1e8 - 1}},
+		{"just short of full", bucket.State{Tokens: 9, Frac: 1, Stamp: 0}, 1e8 - 2, bucket.State{Tokens: 9, Frac: 1e8 - 1, Stamp: 1e8 - 2}},
+		{"capped", bucket.State{Tokens: 0, Stamp: math.MinInt64}, math.MaxInt64, bucket.State{Tokens: 10, Stamp: math.MaxInt64}},
+		{"full moves the stamp", bucket.State{Tokens: 10, Stamp: 0}, 5, bucket.State{Tokens: 10, Stamp: 5}},
 	}
 	for _, tt := range tests {
 		if got := p.Refill(tt.s, tt.now); got != tt.want {
@@ -227,16 +236,16 @@ func TestPlanFullAt(t *testing.T) {
 	slow := mustPlan(t, limit(sluice.MaxCapacity, 1, sluice.MaxPeriod), time.Nanosecond)
 	tests := []struct {
 		name string
-		p    sluice.Plan
-		s    sluice.State
+		p    bucket.Plan
+		s    bucket.State
 		want int64
 	}{
-		{"full", perSec, sluice.State{Tokens: 10, Stamp: 7}, 7},
-		{"empty", perSec, sluice.State{Stamp: 7}, 7 + 10e9},
-		{"fraction", perSec, sluice.State{Tokens: 9, Frac: 1, Stamp: 0}, 1e9 - 1},
-		{"no refill", none, sluice.State{Tokens: 9, Stamp: 0}, math.MaxInt64},
-		{"beyond 64 bits", slow, sluice.State{Stamp: 0}, math.MaxInt64},
-		{"beyond int64", perSec, sluice.State{Stamp: math.MaxInt64 - 5}, math.MaxInt64},
+		{"full", perSec, bucket.State{Tokens: 10, Stamp: 7}, 7},
+		{"empty", perSec, bucket.State{Stamp: 7}, 7 + 10e9},
+		{"fraction", perSec, bucket.State{Tokens: 9, Frac: 1, Stamp: 0}, 1e9 - 1},
+		{"no refill", none, bucket.State{Tokens: 9, Stamp: 0}, math.MaxInt64},
+		{"beyond 64 bits", slow, bucket.State{Stamp: 0}, math.MaxInt64},
+		{"beyond int64", perSec, bucket.State{Stamp: math.MaxInt64 - 5}, math.MaxInt64},
 	}
 	for _, tt := range tests {
 		if got := tt.p.FullAt(tt.s); got != tt.want {
@@ -248,105 +257,88 @@ func TestPlanFullAt(t *testing.T) {
 func TestPlanConvert(t *testing.T) {
 	tick := time.Nanosecond
 	old := limit(10, 1, time.Second) // scale 1e9
-	halfway := sluice.State{Tokens: 6, Frac: 5e8, Stamp: 42}
-	full := sluice.State{Tokens: 10, Stamp: 42}
-	type want struct{ keep, scale, reset sluice.State }
+	halfway := bucket.State{Tokens: 6, Frac: 5e8, Stamp: 42}
+	full := bucket.State{Tokens: 10, Stamp: 42}
+	type want struct{ keep, scale, reset bucket.State }
 	tests := []struct {
 		name     string
 		from, to sluice.Limit
-		s        sluice.State
+		s        bucket.State
 		want     want
 	}{
 		{"raise capacity", old, limit(20, 1, time.Second), halfway, want{
-			keep:  sluice.State{Tokens: 6, Frac: 5e8, Stamp: 42},
-			scale: sluice.State{Tokens: 13, Stamp: 42},
-			reset: sluice.State{Tokens: 20, Stamp: 42},
+			keep:  bucket.State{Tokens: 6, Frac: 5e8, Stamp: 42},
+			scale: bucket.State{Tokens: 13, Stamp: 42},
+			reset: bucket.State{Tokens: 20, Stamp: 42},
 		}},
 		{"lower capacity", old, limit(4, 1, time.Second), halfway, want{
-			keep:  sluice.State{Tokens: 4, Stamp: 42},
-			scale: sluice.State{Tokens: 2, Frac: 6e8, Stamp: 42},
-			reset: sluice.State{Tokens: 4, Stamp: 42},
+			keep:  bucket.State{Tokens: 4, Stamp: 42},
+			scale: bucket.State{Tokens: 2, Frac: 6e8, Stamp: 42},
+			reset: bucket.State{Tokens: 4, Stamp: 42},
 		}},
 		{"faster rate", old, limit(10, 4, time.Second), halfway, want{ // scale 2.5e8
-			keep:  sluice.State{Tokens: 6, Frac: 125e6, Stamp: 42},
-			scale: sluice.State{Tokens: 6, Frac: 125e6, Stamp: 42},
-			reset: sluice.State{Tokens: 10, Stamp: 42},
+			keep:  bucket.State{Tokens: 6, Frac: 125e6, Stamp: 42},
+			scale: bucket.State{Tokens: 6, Frac: 125e6, Stamp: 42},
+			reset: bucket.State{Tokens: 10, Stamp: 42},
 		}},
 		{"coarser grid rounds down", old, limit(10, 1, 2), halfway, want{ // scale 2
-			keep:  sluice.State{Tokens: 6, Frac: 1, Stamp: 42},
-			scale: sluice.State{Tokens: 6, Frac: 1, Stamp: 42},
-			reset: sluice.State{Tokens: 10, Stamp: 42},
+			keep:  bucket.State{Tokens: 6, Frac: 1, Stamp: 42},
+			scale: bucket.State{Tokens: 6, Frac: 1, Stamp: 42},
+			reset: bucket.State{Tokens: 10, Stamp: 42},
 		}},
 		{"coarser grid rounds down, not to nearest", limit(1, 1, time.Second), limit(1, 1, 2),
-			sluice.State{Frac: 999999999}, want{
-				keep:  sluice.State{Frac: 1},
-				scale: sluice.State{Frac: 1},
-				reset: sluice.State{Tokens: 1},
+			bucket.State{Frac: 999999999}, want{
+				keep:  bucket.State{Frac: 1},
+				scale: bucket.State{Frac: 1},
+				reset: bucket.State{Tokens: 1},
 			}},
 		{"no refill", old, limit(10, 0, time.Second), halfway, want{ // scale 1
-			keep:  sluice.State{Tokens: 6, Stamp: 42},
-			scale: sluice.State{Tokens: 6, Stamp: 42},
-			reset: sluice.State{Tokens: 10, Stamp: 42},
+			keep:  bucket.State{Tokens: 6, Stamp: 42},
+			scale: bucket.State{Tokens: 6, Stamp: 42},
+			reset: bucket.State{Tokens: 10, Stamp: 42},
 		}},
-		{"from no refill", limit(10, 0, time.Second), limit(5, 1, time.Second), sluice.State{Tokens: 7}, want{
-			keep:  sluice.State{Tokens: 5},
-			scale: sluice.State{Tokens: 3, Frac: 5e8},
-			reset: sluice.State{Tokens: 5},
+		{"from no refill", limit(10, 0, time.Second), limit(5, 1, time.Second), bucket.State{Tokens: 7}, want{
+			keep:  bucket.State{Tokens: 5},
+			scale: bucket.State{Tokens: 3, Frac: 5e8},
+			reset: bucket.State{Tokens: 5},
 		}},
-		{"thirds round down", limit(3, 1, time.Second), limit(7, 1, time.Second), sluice.State{Tokens: 1}, want{
-			keep:  sluice.State{Tokens: 1},
-			scale: sluice.State{Tokens: 2, Frac: 333333333},
-			reset: sluice.State{Tokens: 7},
+		{"thirds round down", limit(3, 1, time.Second), limit(7, 1, time.Second), bucket.State{Tokens: 1}, want{
+			keep:  bucket.State{Tokens: 1},
+			scale: bucket.State{Tokens: 2, Frac: 333333333},
+			reset: bucket.State{Tokens: 7},
 		}},
 		{"full, raise capacity", old, limit(20, 1, time.Second), full, want{
-			keep:  sluice.State{Tokens: 20, Stamp: 42},
-			scale: sluice.State{Tokens: 20, Stamp: 42},
-			reset: sluice.State{Tokens: 20, Stamp: 42},
+			keep:  bucket.State{Tokens: 20, Stamp: 42},
+			scale: bucket.State{Tokens: 20, Stamp: 42},
+			reset: bucket.State{Tokens: 20, Stamp: 42},
 		}},
 		{"full, lower capacity", old, limit(4, 1, time.Second), full, want{
-			keep:  sluice.State{Tokens: 4, Stamp: 42},
-			scale: sluice.State{Tokens: 4, Stamp: 42},
-			reset: sluice.State{Tokens: 4, Stamp: 42},
+			keep:  bucket.State{Tokens: 4, Stamp: 42},
+			scale: bucket.State{Tokens: 4, Stamp: 42},
+			reset: bucket.State{Tokens: 4, Stamp: 42},
 		}},
 		{"huge to tiny", limit(sluice.MaxCapacity, sluice.MaxTokens, 1), limit(1, 1, sluice.MaxPeriod),
-			sluice.State{Tokens: sluice.MaxCapacity - 1}, want{
-				keep: sluice.State{Tokens: 1},
+			bucket.State{Tokens: sluice.MaxCapacity - 1}, want{
+				keep: bucket.State{Tokens: 1},
 				// (2^40-1)/2^40 of a token is P - P/2^40 = P - 28760.3 units, rounded down.
-				scale: sluice.State{Tokens: 0, Frac: uint64(sluice.MaxPeriod) - 28761},
-				reset: sluice.State{Tokens: 1},
+				scale: bucket.State{Tokens: 0, Frac: uint64(sluice.MaxPeriod) - 28761},
+				reset: bucket.State{Tokens: 1},
 			}},
-		{"empty", old, limit(20, 3, time.Second), sluice.State{}, want{
-			keep:  sluice.State{},
-			scale: sluice.State{},
-			reset: sluice.State{Tokens: 20},
+		{"empty", old, limit(20, 3, time.Second), bucket.State{}, want{
+			keep:  bucket.State{},
+			scale: bucket.State{},
+			reset: bucket.State{Tokens: 20},
 		}},
 	}
 	for _, tt := range tests {
 		from := mustPlan(t, tt.from, tick)
 		to := mustPlan(t, tt.to, tick)
-		for policy, want := range map[sluice.ChangePolicy]sluice.State{
+		for policy, want := range map[sluice.Conversion]bucket.State{
 			sluice.KeepTokens: tt.want.keep, sluice.ScaleTokens: tt.want.scale, sluice.ResetTokens: tt.want.reset,
 		} {
 			if got := to.Convert(tt.s, &from, policy); got != want {
 				t.Errorf("%s: Convert(%+v) under %v = %+v, want %+v", tt.name, tt.s, policy, got, want)
 			}
-		}
-	}
-}
-
-func TestChangePolicyString(t *testing.T) {
-	tests := []struct {
-		c    sluice.ChangePolicy
-		want string
-	}{
-		{sluice.KeepTokens, "keep"},
-		{sluice.ScaleTokens, "scale"},
-		{sluice.ResetTokens, "reset"},
-		{7, "ChangePolicy(7)"},
-	}
-	for _, tt := range tests {
-		if got := tt.c.String(); got != tt.want {
-			t.Errorf("ChangePolicy(%d).String() = %q, want %q", uint8(tt.c), got, tt.want)
 		}
 	}
 }
@@ -373,7 +365,7 @@ func TestPlanMillion(t *testing.T) {
 	taken := c / 2
 	var d sluice.Decision
 	p.Take(&s, now, taken, &d)
-	if _, err := model.Take(now, sluice.Request{Key: "k", Cost: taken, Limit: l}); err != nil || !d.Allowed {
+	if _, err := model.Take(now, sluice.Request{Policy: "p", Key: "k", Cost: taken, Limit: l}); err != nil || !d.Allowed {
 		t.Fatalf("first take: %+v, %v", d, err)
 	}
 	// units is the closed-form level in 1/13 of a token.
@@ -389,23 +381,24 @@ func TestPlanMillion(t *testing.T) {
 		p.Take(&s, now, cost, &d)
 		taken += cost
 		u := units()
-		want := allow(u/period, time.Duration((c*period-u+tokens-1)/tokens), l)
+		// The wait until full counts from now: latest-now ticks behind.
+		want := allow(u/period, time.Duration((c*period-u+tokens-1)/tokens+latest-now), l)
 		if d != want {
 			t.Fatalf("decision %d: cost %d at %d = %+v, want %+v (closed form)", i, cost, now, d, want)
 		}
 		if i < checked {
-			if want, err := model.Take(now, sluice.Request{Key: "k", Cost: cost, Limit: l}); err != nil || want != d {
+			if want, err := model.Take(now, sluice.Request{Policy: "p", Key: "k", Cost: cost, Limit: l}); err != nil || want != d {
 				t.Fatalf("decision %d: cost %d at %d = %+v, the model says %+v, %v", i, cost, now, d, want, err)
 			}
 			if i == checked-1 {
-				if got := model.Level("k"); got.Cmp(big.NewRat(u, period)) != 0 {
+				if got := model.Level("p", "k"); got.Cmp(big.NewRat(u, period)) != 0 {
 					t.Fatalf("after %d decisions: model level %s, want %d/%d (closed form)", checked, got.RatString(), u, period)
 				}
 			}
 		}
 	}
 	u := units()
-	if want := (sluice.State{Tokens: u / period, Frac: uint64(u % period), Stamp: latest}); s != want {
+	if want := (bucket.State{Tokens: u / period, Frac: uint64(u % period), Stamp: latest}); s != want {
 		t.Fatalf("after %d decisions: state %+v, want %+v (closed form)", n, s, want)
 	}
 }
@@ -421,7 +414,7 @@ func TestPlanAgainstModel(t *testing.T) {
 		limit(1, 0, time.Second),
 		limit(5, 2, 3),
 	}
-	for _, policy := range []sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens} {
+	for _, policy := range []sluice.Conversion{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens} {
 		t.Run(policy.String(), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(5, uint64(policy)))
 			b := newPlanBuckets(time.Nanosecond, policy)
@@ -438,15 +431,15 @@ func TestPlanAgainstModel(t *testing.T) {
 				}
 				key := string(rune('a' + rng.IntN(3)))
 				l := limits[rng.IntN(len(limits))]
+				r := sluice.Request{Policy: "p", Key: key, Cost: 1 + rng.Int64N(l.Capacity), Limit: l}
 				if rng.IntN(5) == 0 {
-					got, err := b.peek(now, key, l)
-					want, werr := model.Peek(now, key, l)
+					got, err := b.peek(now, r)
+					want, werr := model.Peek(now, r)
 					if err != nil || werr != nil || got != want {
-						t.Fatalf("%d: Peek(%q, %v) at %d = %+v, %v; the model says %+v, %v", i, key, l, now, got, err, want, werr)
+						t.Fatalf("%d: Peek(%s) at %d = %+v, %v; the model says %+v, %v", i, r.Key, now, got, err, want, werr)
 					}
 					continue
 				}
-				r := sluice.Request{Key: key, Cost: 1 + rng.Int64N(l.Capacity), Limit: l}
 				got, err := b.take(now, r)
 				want, werr := model.Take(now, r)
 				if err != nil || werr != nil || got != want {
