@@ -26,10 +26,9 @@ func benchKeys(n int) []string {
 }
 
 func BenchmarkTakeHotKey(b *testing.B) {
-	s := memstore.New(memstore.Options{})
-	defer s.Close()
+	s := newStore(b, memstore.Options{})
 	ctx := context.Background()
-	r := sluice.Request{Key: "hot-key-16-bytes", Cost: 1, Limit: benchLimit}
+	r := sluice.Request{Policy: "test", Key: "hot-key-16-bytes", Cost: 1, Limit: benchLimit}
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := s.Take(ctx, r); err != nil {
@@ -39,10 +38,9 @@ func BenchmarkTakeHotKey(b *testing.B) {
 }
 
 func BenchmarkTakeHotKeyParallel(b *testing.B) {
-	s := memstore.New(memstore.Options{})
-	defer s.Close()
+	s := newStore(b, memstore.Options{})
 	ctx := context.Background()
-	r := sluice.Request{Key: "hot-key-16-bytes", Cost: 1, Limit: benchLimit}
+	r := sluice.Request{Policy: "test", Key: "hot-key-16-bytes", Cost: 1, Limit: benchLimit}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -58,11 +56,10 @@ func BenchmarkTakeHotKeyParallel(b *testing.B) {
 func benchSpread(b *testing.B, zipf bool) {
 	const n = 1 << 20
 	keys := benchKeys(n)
-	s := memstore.New(memstore.Options{MaxKeys: n})
-	defer s.Close()
+	s := newStore(b, memstore.Options{MaxKeys: n})
 	ctx := context.Background()
 	for _, k := range keys {
-		if _, err := s.Take(ctx, sluice.Request{Key: k, Cost: 1, Limit: benchLimit}); err != nil {
+		if _, err := s.Take(ctx, sluice.Request{Policy: "test", Key: k, Cost: 1, Limit: benchLimit}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -83,7 +80,7 @@ func benchSpread(b *testing.B, zipf bool) {
 	b.RunParallel(func(pb *testing.PB) {
 		i := int(worker.Add(1)*7919) & (len(seq) - 1)
 		for pb.Next() {
-			if _, err := s.Take(ctx, sluice.Request{Key: keys[seq[i]], Cost: 1, Limit: benchLimit}); err != nil {
+			if _, err := s.Take(ctx, sluice.Request{Policy: "test", Key: keys[seq[i]], Cost: 1, Limit: benchLimit}); err != nil {
 				b.Error(err)
 				return
 			}

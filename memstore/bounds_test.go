@@ -33,17 +33,27 @@ func (c *clock) Advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
+// newStore returns a store built with o, closed when tb ends.
+func newStore(tb testing.TB, o memstore.Options) *memstore.Store {
+	tb.Helper()
+	s, err := memstore.New(o)
+	if err != nil {
+		tb.Fatalf("memstore.New(%+v) error %v", o, err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	return s
+}
+
 var perSecond10 = sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)}
 
 func take(t *testing.T, s *memstore.Store, key string, cost int64) (sluice.Decision, error) {
 	t.Helper()
-	return s.Take(context.Background(), sluice.Request{Key: key, Cost: cost, Limit: perSecond10})
+	return s.Take(context.Background(), sluice.Request{Policy: "test", Key: key, Cost: cost, Limit: perSecond10})
 }
 
 func TestRefuseNewAtMaxKeys(t *testing.T) {
 	clk := newClock()
-	s := memstore.New(memstore.Options{Now: clk.Now, MaxKeys: 100, SweepInterval: -1})
-	defer s.Close()
+	s := newStore(t, memstore.Options{Now: clk.Now, MaxKeys: 100, SweepInterval: -1})
 	for i := range 100 {
 		if _, err := take(t, s, fmt.Sprint("k", i), 1); err != nil {
 			t.Fatalf("Take(k%d) error %v, want nil", i, err)
@@ -80,8 +90,7 @@ func TestRefuseNewAtMaxKeys(t *testing.T) {
 
 func TestEvictLRUAtMaxKeys(t *testing.T) {
 	clk := newClock()
-	s := memstore.New(memstore.Options{Now: clk.Now, MaxKeys: 64, Overflow: memstore.EvictLRU, SweepInterval: -1, Shards: 4})
-	defer s.Close()
+	s := newStore(t, memstore.Options{Now: clk.Now, MaxKeys: 64, Overflow: memstore.EvictLRU, SweepInterval: -1, Shards: 4})
 	for i := range 1000 {
 		clk.Advance(time.Microsecond)
 		if _, err := take(t, s, fmt.Sprint("k", i), 5); err != nil {
@@ -108,13 +117,12 @@ func TestFloodStaysBounded(t *testing.T) {
 	for _, policy := range []memstore.Overflow{memstore.RefuseNew, memstore.EvictLRU} {
 		t.Run(policy.String(), func(t *testing.T) {
 			clk := newClock()
-			s := memstore.New(memstore.Options{Now: clk.Now, MaxKeys: 1000, Overflow: policy, SweepInterval: -1})
-			defer s.Close()
+			s := newStore(t, memstore.Options{Now: clk.Now, MaxKeys: 1000, Overflow: policy, SweepInterval: -1})
 			var wg sync.WaitGroup
 			for w := range 4 {
 				wg.Go(func() {
 					for i := range 25_000 {
-						_, err := s.Take(context.Background(), sluice.Request{Key: fmt.Sprint(w, "/", i), Cost: 1, Limit: perSecond10})
+						_, err := s.Take(context.Background(), sluice.Request{Policy: "test", Key: fmt.Sprint(w, "/", i), Cost: 1, Limit: perSecond10})
 						if err != nil && !errors.Is(err, sluice.ErrTooManyKeys) {
 							t.Errorf("Take error %v, want nil or ErrTooManyKeys", err)
 							return
@@ -132,10 +140,9 @@ func TestFloodStaysBounded(t *testing.T) {
 
 func TestRequestIDs(t *testing.T) {
 	clk := newClock()
-	s := memstore.New(memstore.Options{Now: clk.Now, RequestIDTTL: time.Minute, SweepInterval: -1})
-	defer s.Close()
+	s := newStore(t, memstore.Options{Now: clk.Now, RequestIDTTL: time.Minute, SweepInterval: -1})
 	ctx := context.Background()
-	r := sluice.Request{Key: "a", Cost: 4, Limit: perSecond10, RequestID: "req-1"}
+	r := sluice.Request{Policy: "test", Key: "a", Cost: 4, Limit: perSecond10, RequestID: "req-1"}
 	first, err := s.Take(ctx, r)
 	if err != nil || !first.Allowed || first.Remaining != 6 {
 		t.Fatalf("Take(%+v) = %+v, %v; want allowed, 6 remaining", r, first, err)
@@ -147,7 +154,7 @@ func TestRequestIDs(t *testing.T) {
 	if err != nil || again != want {
 		t.Fatalf("retry Take(%+v) = %+v, %v; want %+v", r, again, err, want)
 	}
-	if d, _ := s.Peek(ctx, "a", perSecond10); d.Remaining != 10 {
+	if d, _ := s.Peek(ctx, sluice.Request{Policy: "test", Key: "a", Cost: 1, Limit: perSecond10}); d.Remaining != 10 {
 		t.Fatalf("Peek after replay Remaining = %d, want 10 (refilled, replay consumed nothing)", d.Remaining)
 	}
 	conflict := r
@@ -175,12 +182,11 @@ func TestRequestIDMemoryBounded(t *testing.T) {
 	for _, policy := range []memstore.Overflow{memstore.RefuseNew, memstore.EvictLRU} {
 		t.Run(policy.String(), func(t *testing.T) {
 			clk := newClock()
-			s := memstore.New(memstore.Options{Now: clk.Now, MaxRequestIDs: 16, Shards: 1, Overflow: policy, SweepInterval: -1})
-			defer s.Close()
+			s := newStore(t, memstore.Options{Now: clk.Now, MaxRequestIDs: 16, Shards: 1, Overflow: policy, SweepInterval: -1})
 			ctx := context.Background()
 			var refused int
 			for i := range 100 {
-				_, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: sluice.Limit{Capacity: 1000, Rate: sluice.PerSecond(1)}, RequestID: fmt.Sprint(i)})
+				_, err := s.Take(ctx, sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: sluice.Limit{Capacity: 1000, Rate: sluice.PerSecond(1)}, RequestID: fmt.Sprint(i)})
 				switch {
 				case errors.Is(err, sluice.ErrTooManyKeys):
 					refused++
@@ -198,7 +204,7 @@ func TestRequestIDMemoryBounded(t *testing.T) {
 					t.Fatalf("refused %d (Stats %+v), want 84", refused, st)
 				}
 				// A refused request consumed nothing: 16 taken.
-				if d, _ := s.Peek(ctx, "k", sluice.Limit{Capacity: 1000, Rate: sluice.PerSecond(1)}); d.Remaining != 1000-16 {
+				if d, _ := s.Peek(ctx, sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: sluice.Limit{Capacity: 1000, Rate: sluice.PerSecond(1)}}); d.Remaining != 1000-16 {
 					t.Fatalf("Remaining = %d, want %d", d.Remaining, 1000-16)
 				}
 			case memstore.EvictLRU:
@@ -214,10 +220,10 @@ func TestRequestIDMemoryBounded(t *testing.T) {
 // Close stops it.
 func TestSweeper(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s := memstore.New(memstore.Options{SweepInterval: time.Second, RequestIDTTL: 2 * time.Second})
+		s := newStore(t, memstore.Options{SweepInterval: time.Second, RequestIDTTL: 2 * time.Second})
 		ctx := context.Background()
 		for i := range 100 {
-			r := sluice.Request{Key: fmt.Sprint("k", i), Cost: 10, Limit: perSecond10, RequestID: "x"}
+			r := sluice.Request{Policy: "test", Key: fmt.Sprint("k", i), Cost: 10, Limit: perSecond10, RequestID: "x"}
 			if _, err := s.Take(ctx, r); err != nil {
 				t.Fatal(err)
 			}
@@ -242,18 +248,17 @@ func TestSweeper(t *testing.T) {
 
 func TestLimitChangeLowersCapacity(t *testing.T) {
 	clk := newClock()
-	for _, policy := range []sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens} {
+	for _, policy := range []sluice.Conversion{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens} {
 		t.Run(policy.String(), func(t *testing.T) {
-			s := memstore.New(memstore.Options{Now: clk.Now, OnLimitChange: policy, SweepInterval: -1})
-			defer s.Close()
+			s := newStore(t, memstore.Options{Now: clk.Now, OnLimitChange: policy, SweepInterval: -1})
 			ctx := context.Background()
 			big := sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(1)}
 			small := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
-			if _, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 50, Limit: big}); err != nil {
+			if _, err := s.Take(ctx, sluice.Request{Policy: "test", Key: "k", Cost: 50, Limit: big}); err != nil {
 				t.Fatal(err)
 			}
-			d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: small})
-			want := map[sluice.ChangePolicy]int64{sluice.KeepTokens: 9, sluice.ScaleTokens: 4, sluice.ResetTokens: 9}[policy]
+			d, err := s.Take(ctx, sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: small})
+			want := map[sluice.Conversion]int64{sluice.KeepTokens: 9, sluice.ScaleTokens: 4, sluice.ResetTokens: 9}[policy]
 			if err != nil || !d.Allowed || d.Remaining != want || d.Limit != small {
 				t.Fatalf("Take under lowered limit = %+v, %v; want allowed, %d remaining, limit %v", d, err, want, small)
 			}
@@ -262,11 +267,10 @@ func TestLimitChangeLowersCapacity(t *testing.T) {
 }
 
 func TestCanceledContext(t *testing.T) {
-	s := memstore.New(memstore.Options{SweepInterval: -1})
-	defer s.Close()
+	s := newStore(t, memstore.Options{SweepInterval: -1})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: perSecond10}); !errors.Is(err, context.Canceled) {
+	if _, err := s.Take(ctx, sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: perSecond10}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Take(canceled ctx) error %v, want context.Canceled", err)
 	}
 	if st := s.Stats(); st.Buckets != 0 {

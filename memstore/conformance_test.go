@@ -11,14 +11,12 @@ import (
 func TestConformance(t *testing.T) {
 	sluicetest.Run(t, sluicetest.Suite{
 		New: func(t *testing.T, o sluicetest.StoreOptions) sluice.Store {
-			s := memstore.New(memstore.Options{
+			return newStore(t, memstore.Options{
 				Now:           o.Now,
 				OnLimitChange: o.OnLimitChange,
 				RequestIDTTL:  o.RequestIDTTL,
 				SweepInterval: -1, // the suite compares with a model that keeps every bucket
 			})
-			t.Cleanup(func() { s.Close() })
-			return s
 		},
 	})
 }

@@ -14,24 +14,28 @@ func Example() {
 	// A clock the example controls; by default the store reads the
 	// monotonic clock.
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	store := memstore.New(memstore.Options{
+	store, err := memstore.New(memstore.Options{
 		Now:      func() time.Time { return now },
 		MaxKeys:  100_000,
 		Overflow: memstore.RefuseNew,
 	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer store.Close()
 	ctx := context.Background()
 	limit := sluice.Limit{Capacity: 5, Rate: sluice.Per(1, 2*time.Second)}
 
-	d, _ := store.Take(ctx, sluice.Request{Key: "10.0.0.1", Cost: 5, Limit: limit})
+	d, _ := store.Take(ctx, sluice.Request{Policy: "api", Key: "10.0.0.1", Cost: 5, Limit: limit})
 	fmt.Println(d.Allowed, d.Remaining, d.ResetAfter)
-	d, _ = store.Take(ctx, sluice.Request{Key: "10.0.0.1", Cost: 1, Limit: limit})
+	d, _ = store.Take(ctx, sluice.Request{Policy: "api", Key: "10.0.0.1", Cost: 1, Limit: limit})
 	fmt.Println(d.Allowed, d.RetryAfter)
 	now = now.Add(2 * time.Second)
-	d, _ = store.Take(ctx, sluice.Request{Key: "10.0.0.1", Cost: 1, Limit: limit})
+	d, _ = store.Take(ctx, sluice.Request{Policy: "api", Key: "10.0.0.1", Cost: 1, Limit: limit})
 	fmt.Println(d.Allowed, d.Remaining)
 
-	_, err := store.Take(ctx, sluice.Request{Key: "10.0.0.1", Cost: 6, Limit: limit})
+	_, err = store.Take(ctx, sluice.Request{Policy: "api", Key: "10.0.0.1", Cost: 6, Limit: limit})
 	fmt.Println(errors.Is(err, sluice.ErrInvalidCost), err)
 	// Output:
 	// true 0 10s
@@ -43,10 +47,14 @@ func Example() {
 // A retried request with the same ID gets the first decision back and
 // consumes nothing.
 func ExampleStore_Take_requestID() {
-	store := memstore.New(memstore.Options{RequestIDTTL: time.Minute})
+	store, err := memstore.New(memstore.Options{RequestIDTTL: time.Minute})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer store.Close()
 	ctx := context.Background()
-	r := sluice.Request{Key: "acct-7", Cost: 3, Limit: sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(0)}, RequestID: "charge-981"}
+	r := sluice.Request{Policy: "payments", Key: "acct-7", Cost: 3, Limit: sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(0)}, RequestID: "charge-981"}
 	for range 2 {
 		d, _ := store.Take(ctx, r)
 		fmt.Println(d.Allowed, d.Remaining, d.Replayed)

@@ -19,11 +19,11 @@ func heapPerBucket(tb testing.TB, n int) float64 {
 	runtime.GC()
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	s := memstore.New(memstore.Options{MaxKeys: n, SweepInterval: -1})
+	s := newStore(tb, memstore.Options{MaxKeys: n, SweepInterval: -1})
 	ctx := context.Background()
 	l := sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(1)}
 	for _, k := range keys {
-		if _, err := s.Take(ctx, sluice.Request{Key: k, Cost: 1, Limit: l}); err != nil {
+		if _, err := s.Take(ctx, sluice.Request{Policy: "test", Key: k, Cost: 1, Limit: l}); err != nil {
 			tb.Fatal(err)
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/bucket"
 )
 
 // Overflow names what a Store does with a new key (or request ID) when it
@@ -75,7 +76,7 @@ type Options struct {
 	// OnLimitChange converts a bucket's level when a request arrives with a
 	// limit other than the one it was last decided under. Default
 	// sluice.KeepTokens.
-	OnLimitChange sluice.ChangePolicy
+	OnLimitChange sluice.Conversion
 	// RequestIDTTL is how long the first decision of a request ID is
 	// remembered. Default DefaultRequestIDTTL (5 minutes).
 	RequestIDTTL time.Duration
@@ -104,7 +105,7 @@ type Store struct {
 	shards    []shard
 	mask      uint64
 	shardBits uint
-	policy    sluice.ChangePolicy
+	policy    sluice.Conversion
 	overflow  Overflow
 	maxKeys   int64
 	idTTL     int64 // nanoseconds
@@ -124,7 +125,7 @@ var _ sluice.Store = (*Store)(nil)
 
 // New returns a Store configured by o and starts its sweeper (unless
 // disabled). Invalid option values (negative sizes) are replaced by defaults.
-func New(o Options) *Store {
+func New(o Options) (*Store, error) {
 	s := &Store{
 		now:      o.Now,
 		seed:     maphash.MakeSeed(),
@@ -173,7 +174,7 @@ func New(o Options) *Store {
 		s.done = make(chan struct{})
 		go s.sweeper(interval)
 	}
-	return s
+	return s, nil
 }
 
 // Close stops the background sweeper and waits for it to exit. The store
@@ -226,13 +227,13 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (d sluice.Decision, 
 	// Small enough to be inlined: a caller holding a *Store passes the
 	// request's fields in registers and receives the decision in place,
 	// rather than copying both structs through memory.
-	err = s.takeFields(ctx, r.Key, r.Cost, r.Limit, r.RequestID, &d)
+	err = s.takeFields(ctx, r.Policy, r.Key, r.Cost, r.Limit, r.RequestID, &d)
 	return d, err
 }
 
 // takeFields is Take with the request passed field by field and the
 // decision by pointer.
-func (s *Store) takeFields(ctx context.Context, key string, cost int64, l sluice.Limit, id string, d *sluice.Decision) (err error) {
+func (s *Store) takeFields(ctx context.Context, policy, key string, cost int64, l sluice.Limit, id string, d *sluice.Decision) (err error) {
 	if len(key) > sluice.MaxKeyLen {
 		return sluice.ValidateKey(key) // refuse before hashing a huge key
 	}
@@ -257,7 +258,7 @@ func (s *Store) takeFields(ctx context.Context, key string, cost int64, l sluice
 			}
 		}
 	}
-	err = s.take(ctx, sh, &sluice.Request{Key: key, Cost: cost, Limit: l, RequestID: id}, tg, now, d)
+	err = s.take(ctx, sh, &sluice.Request{Policy: policy, Key: key, Cost: cost, Limit: l, RequestID: id}, tg, now, d)
 	sh.mu.Unlock()
 	return err
 }
@@ -340,11 +341,12 @@ func (s *Store) take(ctx context.Context, sh *shard, r *sluice.Request, tg uint3
 }
 
 // Peek implements sluice.Store. It creates no state and changes none.
-func (s *Store) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
-	if err := sluice.ValidateKey(key); err != nil {
+func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := r.ValidatePeek(); err != nil {
 		return sluice.Decision{}, err
 	}
-	pl, err := sluice.NewPlan(l, time.Nanosecond)
+	key, l := r.Key, r.Limit
+	pl, err := bucket.NewPlan(l, time.Nanosecond)
 	if err != nil {
 		return sluice.Decision{}, err
 	}
@@ -358,19 +360,19 @@ func (s *Store) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.De
 	defer sh.mu.Unlock()
 	idx, _ := sh.table.find(key, tag(h, s.shardBits))
 	if idx < 0 {
-		return pl.Peek(pl.Full(now), now), nil
+		return pl.Peek(pl.Full(now), now, r.Cost), nil
 	}
 	b := &sh.table.entries[idx]
 	if b.plan.plan.Limit() == l {
-		return pl.Peek(b.state, now), nil
+		return pl.Peek(b.state, now, r.Cost), nil
 	}
 	old := &b.plan.plan
-	return pl.Peek(pl.Convert(old.Refill(b.state, now), old, s.policy), now), nil
+	return pl.Peek(pl.Convert(old.Refill(b.state, now), old, s.policy), now, r.Cost), nil
 }
 
 // planRef is a compiled limit shared by the buckets of one shard that use it.
 type planRef struct {
-	plan sluice.Plan
+	plan bucket.Plan
 	refs int
 }
 
@@ -381,7 +383,7 @@ func (sh *shard) acquire(l sluice.Limit) (*planRef, error) {
 		pr.refs++
 		return pr, nil
 	}
-	p, err := sluice.NewPlan(l, time.Nanosecond)
+	p, err := bucket.NewPlan(l, time.Nanosecond)
 	if err != nil {
 		return nil, err
 	}

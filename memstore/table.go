@@ -3,7 +3,7 @@ package memstore
 import (
 	"math/rand/v2"
 
-	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/bucket"
 )
 
 // table is one shard's buckets: an open-addressing hash index over a dense
@@ -23,7 +23,7 @@ type table struct {
 
 type entry struct {
 	key   string
-	state sluice.State
+	state bucket.State
 	plan  *planRef
 }
 
