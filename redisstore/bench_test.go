@@ -29,7 +29,7 @@ func BenchmarkTake(b *testing.B) {
 				b.ReportAllocs()
 				i := 0
 				for b.Loop() {
-					if _, err := s.Take(ctx, sluice.Request{Key: names[i%keys], Cost: 1, Limit: l}); err != nil {
+					if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: names[i%keys], Cost: 1, Limit: l}); err != nil {
 						b.Fatal(err)
 					}
 					i++
@@ -43,7 +43,7 @@ func BenchmarkTake(b *testing.B) {
 				b.RunParallel(func(pb *testing.PB) {
 					for pb.Next() {
 						i := next.Add(1)
-						if _, err := s.Take(ctx, sluice.Request{Key: names[int(i)%keys], Cost: 1, Limit: l}); err != nil {
+						if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: names[int(i)%keys], Cost: 1, Limit: l}); err != nil {
 							b.Error(err)
 							return
 						}

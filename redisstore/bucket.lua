@@ -19,7 +19,7 @@
 --            p'      P / gcd(n, P)                   (1 when n = 0), C * p' < 2^52
 --            policy  on a limit change: 0 keep, 1 scale, 2 reset
 --            ttl     least TTL of a written key, ms  [0, 2^53)
--- ARGV[4]  cost                                    [1, C]; 1 for "peek"
+-- ARGV[4]  cost                                    [1, C]
 -- ARGV[5]  "take" with KEYS[2] only: request-ID memory, microseconds
 --          [1, 2^53)
 --          For "takes": ARGV[3 + i] is the cost of the i-th take, each
@@ -167,7 +167,7 @@ if now and single and specOK and (not first or same and
   local cost = argv[4]
   if cost == '1' then
     cost = 1
-  elseif op == 'take' and string.find(cost, '^[1-9]%d*$') then
+  elseif string.find(cost, '^[1-9]%d*$') then
     cost = cost + 0
   else
     cost = 0
@@ -329,9 +329,6 @@ end
 
 -- The cost, or the costs of "takes", each in [1, C].
 local cost = int('cost', argv[4], 1, C)
-if op == 'peek' and cost ~= 1 then
-  fail('peek cost ' .. argv[4] .. ' is not 1')
-end
 local costs = {cost}
 if op == 'takes' then
   for i = 5, nargs do

@@ -64,7 +64,7 @@ func TestClusterSlotMigration(t *testing.T) {
 			)
 			take := func(w, i int) {
 				k := (w + i) % nKeys
-				r := sluice.Request{Key: keys[k], Cost: 1, Limit: l}
+				r := sluice.Request{Policy: testPolicy, Key: keys[k], Cost: 1, Limit: l}
 				if i%5 == 0 {
 					r.RequestID = fmt.Sprint("req-", w, "-", i)
 				}
@@ -110,7 +110,7 @@ func TestClusterSlotMigration(t *testing.T) {
 			// bucket is drained.
 			for k := range keys {
 				for range l.Capacity + 1 {
-					d, err := s.Take(ctx, sluice.Request{Key: keys[k], Cost: 1, Limit: l})
+					d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: keys[k], Cost: 1, Limit: l})
 					if err != nil {
 						t.Fatalf("Take(%q) after the move: %v", keys[k], err)
 					}

@@ -33,7 +33,7 @@ func Example() {
 	}
 	limit := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(2)}
 	for range 3 {
-		d, err := store.Take(ctx, sluice.Request{Key: "user-42", Cost: 4, Limit: limit})
+		d, err := store.Take(ctx, sluice.Request{Policy: "api", Key: "user-42", Cost: 4, Limit: limit})
 		if err != nil {
 			panic(err) // Redis unreachable: apply the service's failure policy
 		}
@@ -42,7 +42,7 @@ func Example() {
 
 	// A limit whose exact arithmetic does not fit Lua's numbers is refused.
 	huge := sluice.Limit{Capacity: 1 << 40, Rate: sluice.Every(time.Hour)}
-	_, err = store.Take(ctx, sluice.Request{Key: "user-42", Cost: 1, Limit: huge})
+	_, err = store.Take(ctx, sluice.Request{Policy: "api", Key: "user-42", Cost: 1, Limit: huge})
 	fmt.Println(errors.Is(err, sluice.ErrInvalidLimit), redisstore.CheckLimit(huge) != nil)
 	// Output:
 	// true 6 0s

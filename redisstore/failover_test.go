@@ -56,7 +56,7 @@ func TestFailover(t *testing.T) {
 		wg.Go(func() {
 			for {
 				start := time.Now()
-				d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
+				d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l})
 				sw := switched.Load()
 				switch {
 				case err != nil:

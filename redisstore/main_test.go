@@ -112,3 +112,6 @@ func deleteKeys(ctx context.Context, c client, prefix string) error {
 		return err
 	})
 }
+
+// testPolicy is the policy of the tests' requests.
+const testPolicy = "test"

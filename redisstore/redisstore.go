@@ -85,7 +85,7 @@ type Options struct {
 	// OnLimitChange converts a bucket's level when a request arrives with a
 	// limit other than the one the bucket was last decided under. Default
 	// sluice.KeepTokens.
-	OnLimitChange sluice.ChangePolicy
+	OnLimitChange sluice.Conversion
 	// RequestIDTTL is how long the first decision of a request ID is
 	// remembered, rounded up to a microsecond. Default DefaultRequestIDTTL
 	// (5 minutes). Negative is an error.
@@ -132,7 +132,7 @@ type Options struct {
 type Store struct {
 	client Client
 	prefix string
-	policy sluice.ChangePolicy
+	policy sluice.Conversion
 	idTTL  int64 // microseconds, >= 1
 	minTTL int64 // milliseconds
 	now    func() time.Time
@@ -310,11 +310,11 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 
 // Peek implements sluice.Store with the same script in read-only mode: it
 // writes nothing, so it neither creates a bucket nor moves a stamp.
-func (s *Store) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
-	if err := sluice.ValidateKey(key); err != nil {
+func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := r.ValidatePeek(); err != nil {
 		return sluice.Decision{}, err
 	}
-	pl, err := compile(l)
+	pl, err := compile(r.Limit)
 	if err != nil {
 		return sluice.Decision{}, err
 	}
@@ -322,11 +322,11 @@ func (s *Store) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.De
 	if err != nil {
 		return sluice.Decision{}, err
 	}
-	reply, err := s.run(ctx, []string{s.bucketKey(key)}, "peek", now, pl, 1, 0)
+	reply, err := s.run(ctx, []string{s.bucketKey(r.Key)}, "peek", now, pl, r.Cost, 0)
 	if err != nil {
 		return sluice.Decision{}, err
 	}
-	return decision(reply, l)
+	return decision(reply, r.Limit)
 }
 
 // clock returns the script's time argument: "redis" for Redis TIME, or the

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"pgregory.net/rapid"
 )
@@ -65,9 +66,9 @@ func TestScriptMatchesPlan(t *testing.T) {
 		if rapid.Bool().Draw(rt, "limit change") {
 			tc.to = edgeLimit(rt, "new")
 		}
-		tc.policy = rapid.SampledFrom([]sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "policy")
+		tc.policy = rapid.SampledFrom([]sluice.Conversion{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "policy")
 		tc.otherSettings = rapid.Bool().Draw(rt, "written with other settings")
-		oldPlan, err := sluice.NewPlan(tc.from, time.Microsecond)
+		oldPlan, err := bucket.NewPlan(tc.from, time.Microsecond)
 		if err != nil {
 			rt.Fatalf("NewPlan(%v): %v", tc.from, err)
 		}
@@ -102,20 +103,20 @@ func TestScriptConversionEdges(t *testing.T) {
 	}{
 		{"scale to 2^40 per 366 days", planCase{
 			from: sluice.Limit{Capacity: 2, Rate: sluice.Per(1, 4*time.Microsecond)}, to: maxTokens366d,
-			policy: sluice.ScaleTokens, state: sluice.State{Tokens: 1, Frac: 1}, now: 1, cost: 1}},
+			policy: sluice.ScaleTokens, state: bucket.State{Tokens: 1, Frac: 1}, now: 1, cost: 1}},
 		{"scale from 2^40 per 366 days", planCase{
 			from: maxTokens366d, to: sluice.Limit{Capacity: 4503599, Rate: sluice.Every(1000 * time.Second)},
-			policy: sluice.ScaleTokens, state: sluice.State{Tokens: 2333372, Frac: 1930078124, Stamp: 5}, now: 5, cost: 1}},
+			policy: sluice.ScaleTokens, state: bucket.State{Tokens: 2333372, Frac: 1930078124, Stamp: 5}, now: 5, cost: 1}},
 		{"keep, fraction onto a finer grid", planCase{
 			from: maxTokens366d, to: sluice.Limit{Capacity: 142, Rate: sluice.Every(sluice.MaxPeriod)},
-			policy: sluice.KeepTokens, state: sluice.State{Tokens: 7, Frac: 1930078124}, now: 0, cost: 1}},
+			policy: sluice.KeepTokens, state: bucket.State{Tokens: 7, Frac: 1930078124}, now: 0, cost: 1}},
 		{"refill a microsecond short of full", planCase{
 			from: sluice.Limit{Capacity: 10, Rate: sluice.Per(3, 7*time.Microsecond)}, to: sluice.Limit{Capacity: 10, Rate: sluice.Per(3, 7*time.Microsecond)},
-			policy: sluice.KeepTokens, state: sluice.State{Tokens: 9, Stamp: 100}, now: 102, cost: 10}},
+			policy: sluice.KeepTokens, state: bucket.State{Tokens: 9, Stamp: 100}, now: 102, cost: 10}},
 		{"scale, both products near 2^52", planCase{
 			from:   sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(1, 4095*time.Microsecond)},
 			to:     sluice.Limit{Capacity: 1<<40 - 1, Rate: sluice.Per(3, 4093*time.Microsecond)},
-			policy: sluice.ScaleTokens, state: sluice.State{Tokens: 1<<40 - 1, Frac: 4094}, now: 0, cost: 1 << 39}},
+			policy: sluice.ScaleTokens, state: bucket.State{Tokens: 1<<40 - 1, Frac: 4094}, now: 0, cost: 1 << 39}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.tc.check(t, c, prefix) })
@@ -126,9 +127,9 @@ func TestScriptConversionEdges(t *testing.T) {
 // to take cost under limit to.
 type planCase struct {
 	from, to      sluice.Limit
-	policy        sluice.ChangePolicy
+	policy        sluice.Conversion
 	otherSettings bool // the bucket was written by a store with another policy and least TTL
-	state         sluice.State
+	state         bucket.State
 	now           int64
 	cost          int64
 }
@@ -141,11 +142,11 @@ func (tc planCase) check(t interface {
 }, c client, prefix string) {
 	t.Helper()
 	ctx := context.Background()
-	oldPlan, err := sluice.NewPlan(tc.from, time.Microsecond)
+	oldPlan, err := bucket.NewPlan(tc.from, time.Microsecond)
 	if err != nil {
 		t.Fatalf("NewPlan(%v): %v", tc.from, err)
 	}
-	newPlan, err := sluice.NewPlan(tc.to, time.Microsecond)
+	newPlan, err := bucket.NewPlan(tc.to, time.Microsecond)
 	if err != nil {
 		t.Fatalf("NewPlan(%v): %v", tc.to, err)
 	}
@@ -172,19 +173,19 @@ func (tc planCase) check(t interface {
 	if tc.from != tc.to {
 		want = newPlan.Convert(want, &oldPlan, tc.policy)
 	}
-	peekWant := newPlan.Peek(want, tc.now)
+	peekWant := newPlan.Peek(want, tc.now, tc.cost)
 	var wantD sluice.Decision
 	newPlan.Take(&want, tc.now, tc.cost, &wantD)
 
 	call := fmt.Sprintf("(%v) of %q (%v) at %d", tc.to, value, tc.policy, tc.now)
-	peek, err := s.Peek(ctx, key, tc.to)
+	peek, err := s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: tc.cost, Limit: tc.to})
 	if err != nil {
 		t.Fatalf("Peek%s: %v", call, err)
 	}
 	if diff := cmp.Diff(peekWant, peek); diff != "" {
 		t.Fatalf("Peek%s = %+v, want %+v (Plan's) (-want +got):\n%s", call, peek, peekWant, diff)
 	}
-	got, err := s.Take(ctx, sluice.Request{Key: key, Cost: tc.cost, Limit: tc.to})
+	got, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: tc.cost, Limit: tc.to})
 	if err != nil {
 		t.Fatalf("Take%s, cost %d: %v", call, tc.cost, err)
 	}
@@ -202,7 +203,7 @@ func (tc planCase) check(t interface {
 
 // stateValue is the bucket value the script stores for state st under l
 // with the settings of s: the spec, then the level.
-func stateValue(s *Store, l sluice.Limit, st sluice.State) string {
+func stateValue(s *Store, l sluice.Limit, st bucket.State) string {
 	pl, err := compile(l)
 	if err != nil {
 		panic(fmt.Sprintf("compile(%v): %v", l, err))
@@ -400,7 +401,7 @@ func TestScriptRejectsForeignValues(t *testing.T) {
 		// The request ID is remembered: the bucket is checked before the
 		// record is replayed.
 		{"bucket fraction of a whole token after the request ID's first use", bucket, func() error {
-			if _, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l, RequestID: "id"}); err != nil {
+			if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l, RequestID: "id"}); err != nil {
 				return err
 			}
 			return c.Set(ctx, bucket, foreign(1, 1_000_000, 5), redis.KeepTTL).Err()
@@ -430,7 +431,7 @@ func TestScriptRejectsForeignValues(t *testing.T) {
 					t.Fatal(err)
 				}
 				before := dump()
-				d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l, RequestID: id})
+				d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l, RequestID: id})
 				if err == nil {
 					t.Fatalf("Take = %+v, nil; want an error", d)
 				}
@@ -506,11 +507,11 @@ func TestStoredStampNeverMovesBack(t *testing.T) {
 	// Empty at a stamp an hour ahead, with the expiry the server that
 	// wrote it gave it: one token is an hour and a second away, the full
 	// bucket an hour and ten seconds. The denial writes nothing.
-	value := stateValue(s, l, sluice.State{Tokens: 0, Stamp: future})
+	value := stateValue(s, l, bucket.State{Tokens: 0, Stamp: future})
 	if err := c.Set(ctx, s.bucketKey("k"), value, time.Hour+10*time.Second+time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
-	d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
+	d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -527,17 +528,17 @@ func TestStoredStampNeverMovesBack(t *testing.T) {
 
 	// Five tokens at that stamp: the take is allowed at the stamp, not
 	// now, and the expiry is set from the stamp: full 6s after it.
-	if err := c.Set(ctx, s.bucketKey("k"), stateValue(s, l, sluice.State{Tokens: 5, Stamp: future}), 0).Err(); err != nil {
+	if err := c.Set(ctx, s.bucketKey("k"), stateValue(s, l, bucket.State{Tokens: 5, Stamp: future}), 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	d, err = s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
+	d, err = s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !d.Allowed || d.Remaining != 4 || d.ResetAfter != 6*time.Second {
 		t.Errorf("Take = %+v; want allowed, 4 remaining, reset 6s after the stamp", d)
 	}
-	want := stateValue(s, l, sluice.State{Tokens: 4, Stamp: future})
+	want := stateValue(s, l, bucket.State{Tokens: 4, Stamp: future})
 	if got, err := c.Get(ctx, s.bucketKey("k")).Result(); err != nil || got != want {
 		t.Errorf("bucket after Take = %q, %v; want %q (the stamp kept)", got, err, want)
 	}
@@ -565,11 +566,11 @@ func TestScriptSharedTakes(t *testing.T) {
 		if rapid.Bool().Draw(rt, "limit change") {
 			to = edgeLimit(rt, "new")
 		}
-		oldPlan, err := sluice.NewPlan(from, time.Microsecond)
+		oldPlan, err := bucket.NewPlan(from, time.Microsecond)
 		if err != nil {
 			rt.Fatalf("NewPlan(%v): %v", from, err)
 		}
-		newPlan, err := sluice.NewPlan(to, time.Microsecond)
+		newPlan, err := bucket.NewPlan(to, time.Microsecond)
 		if err != nil {
 			rt.Fatalf("NewPlan(%v): %v", to, err)
 		}
@@ -577,10 +578,10 @@ func TestScriptSharedTakes(t *testing.T) {
 		// Two buckets on the old limit's grid, stamped around now, or
 		// missing.
 		keys := []string{s.bucketKey("k0"), s.bucketKey("k1")}
-		var want [2]sluice.State
+		var want [2]bucket.State
 		var values [2]string
 		for i, key := range keys {
-			var st sluice.State
+			var st bucket.State
 			st.Tokens = rapid.Int64Range(0, from.Capacity).Draw(rt, "tokens")
 			if st.Tokens < from.Capacity {
 				st.Frac = uint64(rapid.Int64Range(0, int64(oldPlan.Scale())-1).Draw(rt, "frac"))
@@ -722,11 +723,11 @@ func TestQuietDenialsDecideAlike(t *testing.T) {
 		if CheckLimit(l) != nil {
 			rt.Skip("a limit Redis cannot decide exactly")
 		}
-		p, err := sluice.NewPlan(l, time.Microsecond)
+		p, err := bucket.NewPlan(l, time.Microsecond)
 		if err != nil {
 			rt.Fatal(err)
 		}
-		stored := sluice.State{
+		stored := bucket.State{
 			Tokens: rapid.Int64Range(0, l.Capacity).Draw(rt, "stored tokens"),
 			Stamp:  rapid.Int64Range(0, 1e13).Draw(rt, "stored stamp"),
 		}
@@ -780,7 +781,7 @@ func TestQuietDenials(t *testing.T) {
 			key := s.bucketKey("k")
 			before := emptyMarked(t, c, s, "k", l)
 			time.Sleep(2 * time.Millisecond)
-			if d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l}); err != nil || d.Allowed {
+			if d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l}); err != nil || d.Allowed {
 				t.Fatalf("third Take = %+v, %v; want denied", d, err)
 			}
 			after, pttl := valueAndPTTL(t, c, key)
@@ -789,7 +790,7 @@ func TestQuietDenials(t *testing.T) {
 			}
 			// A denial under another limit converts the bucket and stores it.
 			other := sluice.Limit{Capacity: 3, Rate: sluice.Per(1, time.Hour)}
-			if d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 3, Limit: other}); err != nil || d.Allowed {
+			if d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 3, Limit: other}); err != nil || d.Allowed {
 				t.Fatalf("Take under another limit = %+v, %v; want denied", d, err)
 			}
 			pl, err := compile(other)
@@ -851,7 +852,7 @@ func emptyMarked(t *testing.T, c client, s *Store, key string, l sluice.Limit) s
 	t.Helper()
 	ctx := t.Context()
 	for range 2 {
-		if d, err := s.Take(ctx, sluice.Request{Key: key, Cost: 1, Limit: l}); err != nil || !d.Allowed {
+		if d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: l}); err != nil || !d.Allowed {
 			t.Fatalf("Take = %+v, %v; want allowed", d, err)
 		}
 	}

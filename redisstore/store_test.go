@@ -42,7 +42,7 @@ func TestConcurrentOneKeyRedisTime(t *testing.T) {
 				for range workers {
 					wg.Go(func() {
 						for range takes {
-							d, err := s.Take(ctx, sluice.Request{Key: "hot", Cost: 1, Limit: l})
+							d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "hot", Cost: 1, Limit: l})
 							if err != nil {
 								failed.Add(1)
 								firstMu.Lock()
@@ -104,7 +104,7 @@ func TestRefillRedisTime(t *testing.T) {
 		return tm
 	}
 	take := func(cost int64) bool {
-		d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: cost, Limit: l})
+		d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: cost, Limit: l})
 		if err != nil {
 			t.Error(err)
 		}
@@ -171,7 +171,7 @@ func TestFloodExpires(t *testing.T) {
 				if i >= keys {
 					return
 				}
-				d, err := s.Take(ctx, sluice.Request{Key: fmt.Sprint("user-", i), Cost: 3, Limit: l})
+				d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: fmt.Sprint("user-", i), Cost: 3, Limit: l})
 				if err != nil || !d.Allowed || d.ResetAfter != 300*time.Millisecond {
 					errs.Add(1)
 				}
@@ -226,11 +226,11 @@ func TestTTLs(t *testing.T) {
 		key  string
 		want time.Duration // -1: no expiry
 	}{
-		{"3 of 10 at 3/s", sluice.Request{Key: "a", Cost: 3, Limit: sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(3)}}, s.bucketKey("a"), 1001 * time.Millisecond},
-		{"1 of 1 per 7µs", sluice.Request{Key: "b", Cost: 1, Limit: sluice.Limit{Capacity: 1, Rate: sluice.Every(7 * time.Microsecond)}}, s.bucketKey("b"), 2 * time.Millisecond},
-		{"1 of 5 per hour", sluice.Request{Key: "c", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.Per(1, time.Hour)}}, s.bucketKey("c"), time.Hour + time.Millisecond},
-		{"no refill", sluice.Request{Key: "d", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.Per(0, time.Second)}}, s.bucketKey("d"), -1},
-		{"request-ID record", sluice.Request{Key: "e", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.PerSecond(1)}, RequestID: "r"}, s.recordKey("e", "r"), 90*time.Second + time.Millisecond},
+		{"3 of 10 at 3/s", sluice.Request{Policy: testPolicy, Key: "a", Cost: 3, Limit: sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(3)}}, s.bucketKey("a"), 1001 * time.Millisecond},
+		{"1 of 1 per 7µs", sluice.Request{Policy: testPolicy, Key: "b", Cost: 1, Limit: sluice.Limit{Capacity: 1, Rate: sluice.Every(7 * time.Microsecond)}}, s.bucketKey("b"), 2 * time.Millisecond},
+		{"1 of 5 per hour", sluice.Request{Policy: testPolicy, Key: "c", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.Per(1, time.Hour)}}, s.bucketKey("c"), time.Hour + time.Millisecond},
+		{"no refill", sluice.Request{Policy: testPolicy, Key: "d", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.Per(0, time.Second)}}, s.bucketKey("d"), -1},
+		{"request-ID record", sluice.Request{Policy: testPolicy, Key: "e", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.PerSecond(1)}, RequestID: "r"}, s.recordKey("e", "r"), 90*time.Second + time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -298,7 +298,7 @@ func TestScriptFlushDuringLoad(t *testing.T) {
 				for w := range workers {
 					wg.Go(func() {
 						for i := 0; time.Now().Before(deadline); i++ {
-							_, err := s.Take(ctx, sluice.Request{Key: fmt.Sprint("k", (w*7+i)%50), Cost: 1, Limit: l})
+							_, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: fmt.Sprint("k", (w*7+i)%50), Cost: 1, Limit: l})
 							if err != nil {
 								failed.Add(1)
 								firstErr.CompareAndSwap(nil, err)
@@ -329,7 +329,7 @@ func TestScriptFlushDuringLoad(t *testing.T) {
 				// capacity minus their share.
 				var left int64
 				for k := range 50 {
-					d, err := s.Peek(ctx, fmt.Sprint("k", k), l)
+					d, err := s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: fmt.Sprint("k", k), Cost: 1, Limit: l})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -369,13 +369,13 @@ func TestNoRetryAfterLostReply(t *testing.T) {
 		}
 		// Load the script while replies still get through.
 		p.dropScriptReplies.Store(false)
-		if _, err := s.Take(ctx, sluice.Request{Key: "warm", Cost: 1, Limit: l}); err != nil {
+		if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "warm", Cost: 1, Limit: l}); err != nil {
 			t.Fatal(err)
 		}
 
 		p.dropScriptReplies.Store(true)
 		p.scripts.Store(0)
-		d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
+		d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l})
 		if err == nil {
 			t.Fatalf("batch %d: Take through a proxy that drops the reply = %+v, nil; want an error", batch, d)
 		}
@@ -386,7 +386,7 @@ func TestNoRetryAfterLostReply(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d, err := s2.Peek(ctx, "k", l); err != nil || d.Remaining != 9 {
+		if d, err := s2.Peek(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l}); err != nil || d.Remaining != 9 {
 			t.Errorf("batch %d: Peek after the lost reply = %+v, %v; want 9 remaining (charged once)", batch, d, err)
 		}
 	}
@@ -672,7 +672,7 @@ func TestExplicitTimeRange(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d, err := s.Take(context.Background(), sluice.Request{Key: "k", Cost: 1, Limit: l}); err == nil || !strings.Contains(err.Error(), "outside the store's range") {
+		if d, err := s.Take(context.Background(), sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l}); err == nil || !strings.Contains(err.Error(), "outside the store's range") {
 			t.Errorf("Take at %v = %+v, %v; want a range error", at, d, err)
 		}
 	}
@@ -689,7 +689,7 @@ func TestStatsScriptLoads(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, want := range []uint64{1, 1} {
-		if _, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l}); err != nil {
+		if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l}); err != nil {
 			t.Fatal(err)
 		}
 		if got := s.Stats().ScriptLoads; got != want {
@@ -711,11 +711,11 @@ func TestBatchWithdrawsQueued(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	var first sluice.Decision
 	var firstErr error
-	wg.Go(func() { first, firstErr = s.Take(ctx, sluice.Request{Key: "a", Cost: 1, Limit: l}) })
+	wg.Go(func() { first, firstErr = s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "a", Cost: 1, Limit: l}) })
 	time.Sleep(100 * time.Millisecond) // "a" is in flight, waiting for Redis
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
-	if d, err := s.Take(short, sluice.Request{Key: "b", Cost: 1, Limit: l}); !errors.Is(err, context.DeadlineExceeded) {
+	if d, err := s.Take(short, sluice.Request{Policy: testPolicy, Key: "b", Cost: 1, Limit: l}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("queued Take past its deadline = %+v, %v; want context.DeadlineExceeded", d, err)
 	}
 	wg.Wait()
@@ -756,7 +756,7 @@ func TestBatchSharesAcrossKeys(t *testing.T) {
 			for w := range workers {
 				wg.Go(func() {
 					for i := range takes {
-						d, err := s.Take(ctx, sluice.Request{Key: fmt.Sprintf("w%d-%d", w, i), Cost: 1, Limit: l})
+						d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: fmt.Sprintf("w%d-%d", w, i), Cost: 1, Limit: l})
 						if err != nil {
 							firstErr.CompareAndSwap(nil, &err)
 							return
@@ -823,7 +823,7 @@ func TestRestartDuringLoad(t *testing.T) {
 				wg.Go(func() {
 					for i := 0; !stop.Load(); i++ {
 						start := time.Now()
-						_, err := s.Take(t.Context(), sluice.Request{Key: fmt.Sprint("k", (w*7+i)%20), Cost: 1, Limit: l})
+						_, err := s.Take(t.Context(), sluice.Request{Policy: testPolicy, Key: fmt.Sprint("k", (w*7+i)%20), Cost: 1, Limit: l})
 						mu.Lock()
 						results = append(results, result{start, time.Now(), err})
 						mu.Unlock()
@@ -895,7 +895,7 @@ func TestResendWhenRefusedUnrun(t *testing.T) {
 				t.Fatal(err)
 			}
 			l := sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
-			if _, err := s.Take(ctx, sluice.Request{Key: "warm", Cost: 1, Limit: l}); err != nil {
+			if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "warm", Cost: 1, Limit: l}); err != nil {
 				t.Fatal(err) // loads the script
 			}
 			// Another connection runs a script for 500ms.
@@ -909,13 +909,13 @@ func TestResendWhenRefusedUnrun(t *testing.T) {
 				t.Fatalf("PING during the busy script = %v; want BUSY", err)
 			}
 			start := time.Now()
-			d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
+			d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l})
 			took := time.Since(start)
 			wg.Wait()
 			if err != nil || !d.Allowed || d.Remaining != 9 {
 				t.Fatalf("Take while Redis is BUSY = %+v, %v; want allowed, 9 remaining", d, err)
 			}
-			if p, err := s.Peek(ctx, "k", l); err != nil || p.Remaining != 9 {
+			if p, err := s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l}); err != nil || p.Remaining != 9 {
 				t.Fatalf("Peek after = %+v, %v; want 9 remaining (charged once)", p, err)
 			}
 			if took < 100*time.Millisecond {
@@ -962,7 +962,7 @@ func TestDeadlineWhileSlow(t *testing.T) {
 			t.Fatal(err)
 		}
 		p.SetLatency(0)
-		if _, err := s.Take(ctx, sluice.Request{Key: "warm", Cost: 1, Limit: l}); err != nil {
+		if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "warm", Cost: 1, Limit: l}); err != nil {
 			t.Fatal(err)
 		}
 		p.SetLatency(400 * time.Millisecond)
@@ -972,7 +972,7 @@ func TestDeadlineWhileSlow(t *testing.T) {
 				short, cancel := context.WithTimeout(ctx, deadline)
 				defer cancel()
 				start := time.Now()
-				d, err := s.Take(short, sluice.Request{Key: fmt.Sprint("k", i%2), Cost: 1, Limit: l})
+				d, err := s.Take(short, sluice.Request{Policy: testPolicy, Key: fmt.Sprint("k", i%2), Cost: 1, Limit: l})
 				var ne net.Error
 				timedOut := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 				if took := time.Since(start); !timedOut || took > deadline+slack {
