@@ -22,12 +22,15 @@ import (
 // directly.
 func Example() {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC) // a clock the example controls
-	store := memstore.New(memstore.Options{Now: func() time.Time { return now }})
+	store, err := memstore.New(memstore.Options{Now: func() time.Time { return now }})
+	if err != nil {
+		panic(err)
+	}
 	defer store.Close()
 	in, err := grpclimit.New(store, grpclimit.Options{
+		Policy: "orders",
 		Key:    grpclimit.MetadataKey("x-api-key"),
 		Limit:  sluice.Limit{Capacity: 1, Rate: sluice.Every(time.Minute)},
-		Policy: "orders",
 	})
 	if err != nil {
 		panic(err)

@@ -29,7 +29,8 @@ import (
 // Errors passed to Options.ErrorHandler (wrapped; test with errors.Is). The
 // store's own parameter errors (sluice.ErrInvalidKey, ErrInvalidCost,
 // ErrInvalidLimit, ErrInvalidRequestID, ErrRequestIDConflict) are passed as
-// they are.
+// they are. New and PeerIP refuse invalid options with
+// sluice.ErrInvalidOption (and a policy name with sluice.ErrInvalidPolicy).
 var (
 	// ErrNoKey means the key function found nothing to key the call by (no
 	// such metadata, a peer that is not an IP address). Default:
@@ -39,48 +40,51 @@ var (
 	// full with sluice.ErrTooManyKeys, or the call's context ended); the
 	// call was not allowed. Default: codes.Unavailable.
 	ErrStore = errors.New("grpclimit: store failed")
-	// ErrInvalidOption means an Options or PeerIPOptions value is out of
-	// range; New and PeerIP return it.
-	ErrInvalidOption = errors.New("grpclimit: invalid option")
 )
 
-// DefaultPolicy is the policy name of the zero Options.
-const DefaultPolicy = "default"
-
-// MaxPolicyLen is the longest policy name, in bytes.
-const MaxPolicyLen = 64
-
-// Options configure an Interceptor. The zero value of every field means its
-// documented default, except that one of Limit and LimitFunc must be set.
-// Every function gets the call's context (with its incoming metadata and
-// peer) and its full method name ("/package.Service/Method").
+// Options configure an Interceptor. Policy is required, and so is one of
+// Limit and LimitFunc; the zero value of every other field means its
+// documented default. Every function gets the call's context (with its
+// incoming metadata and peer) and its full method name
+// ("/package.Service/Method").
 type Options struct {
-	// Key returns the key of a call's bucket. Default: PeerIP with the
-	// zero PeerIPOptions (the peer's address, IPv6 by /64).
+	// Policy names the quota this interceptor enforces ("api",
+	// "orders"): the bucket of a call is (Policy, key), and the name is
+	// the quota ID of QuotaFailure violations. Required, with no default:
+	// two interceptors (or an interceptor and an httplimit middleware)
+	// with different policies never share a bucket, even on one store and
+	// one key, while two with the same policy share their buckets. It
+	// must pass sluice.ValidatePolicy: 1 to sluice.MaxPolicyLen bytes of
+	// printable ASCII without spaces; otherwise New returns an error
+	// wrapping sluice.ErrInvalidPolicy.
+	Policy string
+	// Key returns the key of a call's bucket within Policy. Default:
+	// PeerIP with the zero PeerIPOptions (the peer's address, IPv6 by
+	// /64).
 	//
-	// The store key is Policy + ":" + the returned key; it must be at most
-	// sluice.MaxKeyLen bytes (else sluice.ErrInvalidKey). An empty key is
-	// ErrNoKey.
+	// The key is passed to the store as it is (the store keeps the
+	// policies apart), so it may be up to sluice.MaxKeyLen bytes; a
+	// longer one is sluice.ErrInvalidKey. An empty key is ErrNoKey.
 	Key KeyFunc
-	// Limit is the limit of every call when LimitFunc is nil.
+	// Limit is the limit of every call when LimitFunc is nil. New checks
+	// it with sluice.CheckLimit, so a limit the store cannot decide fails
+	// New rather than every call.
 	Limit sluice.Limit
 	// LimitFunc, when set, returns the limit of each call (tiers). An
-	// error it returns is passed to ErrorHandler (codes.Internal by
-	// default). Set Limit or LimitFunc, not both.
+	// error it returns, or the store's error for a limit it cannot
+	// decide, is passed to ErrorHandler (codes.Internal by default). Set
+	// Limit or LimitFunc, not both.
 	LimitFunc func(ctx context.Context, fullMethod string) (sluice.Limit, error)
 	// Cost returns the tokens a call costs, 1 to the limit's capacity.
 	// Default: 1. A cost outside that range is sluice.ErrInvalidCost
 	// (codes.Internal by default: a bug, not a denial).
 	Cost func(ctx context.Context, fullMethod string) (int64, error)
-	// Policy names the quota in QuotaFailure violations (as the quota ID)
-	// and prefixes every store key. 1 to MaxPolicyLen bytes of printable
-	// ASCII. Default DefaultPolicy ("default").
-	Policy string
 	// RequestIDMetadata names an incoming metadata key (such as
 	// "idempotency-key") whose first value, when present, is the request
-	// ID of the take: a retry with the same value for the same key is not
-	// charged again while the store remembers the first decision; a retry
-	// of a denied call is charged as a new call. Default: none. As with
+	// ID of the take: a retry with the same value for the same policy and
+	// key is not charged again while the store remembers the first allowed
+	// decision. A denial takes nothing and is not remembered, so a retry
+	// of a denied call is decided afresh. Default: none. As with
 	// httplimit, set it only if the service itself deduplicates calls by
 	// this value, or one value admits any number of different calls.
 	RequestIDMetadata string
@@ -100,17 +104,24 @@ type Interceptor struct {
 	limitFunc func(context.Context, string) (sluice.Limit, error)
 	cost      func(context.Context, string) (int64, error)
 	policy    string
-	prefix    string
 	idKey     string
 	onError   func(context.Context, string, error) error
 }
 
 // New returns an Interceptor that decides with store under o. The error
-// wraps ErrInvalidOption if o is not valid, or sluice.ErrInvalidLimit if
-// o.Limit is set and not valid.
+// wraps sluice.ErrInvalidOption if store is nil or o is not valid,
+// sluice.ErrInvalidPolicy if o.Policy is empty or not a valid policy name,
+// or sluice.ErrInvalidLimit if o.Limit is set and not valid or store cannot
+// decide it exactly (sluice.CheckLimit).
 func New(store sluice.Store, o Options) (*Interceptor, error) {
 	if store == nil {
-		return nil, fmt.Errorf("%w: store is nil", ErrInvalidOption)
+		return nil, fmt.Errorf("%w: store is nil", sluice.ErrInvalidOption)
+	}
+	if o.Policy == "" {
+		return nil, fmt.Errorf("%w: Options.Policy is empty; name the quota this interceptor enforces (for example \"api\" or \"orders\"), so that it gets buckets of its own", sluice.ErrInvalidPolicy)
+	}
+	if err := sluice.ValidatePolicy(o.Policy); err != nil {
+		return nil, err
 	}
 	in := &Interceptor{
 		store:     store,
@@ -124,24 +135,12 @@ func New(store sluice.Store, o Options) (*Interceptor, error) {
 	}
 	switch {
 	case o.LimitFunc != nil && o.Limit != (sluice.Limit{}):
-		return nil, fmt.Errorf("%w: set Limit or LimitFunc, not both", ErrInvalidOption)
+		return nil, fmt.Errorf("%w: set Limit or LimitFunc, not both", sluice.ErrInvalidOption)
 	case o.LimitFunc == nil:
-		if err := o.Limit.Validate(); err != nil {
+		if err := sluice.CheckLimit(store, o.Limit); err != nil {
 			return nil, err
 		}
 	}
-	if in.policy == "" {
-		in.policy = DefaultPolicy
-	}
-	if len(in.policy) > MaxPolicyLen {
-		return nil, fmt.Errorf("%w: policy name is %d bytes, more than %d", ErrInvalidOption, len(in.policy), MaxPolicyLen)
-	}
-	for i := 0; i < len(in.policy); i++ {
-		if c := in.policy[i]; c < 0x20 || c > 0x7e {
-			return nil, fmt.Errorf("%w: policy name %q has a byte 0x%02x that is not printable ASCII", ErrInvalidOption, in.policy, c)
-		}
-	}
-	in.prefix = in.policy + ":"
 	if in.key == nil {
 		key, err := PeerIP(PeerIPOptions{})
 		if err != nil {
@@ -154,6 +153,9 @@ func New(store sluice.Store, o Options) (*Interceptor, error) {
 	}
 	return in, nil
 }
+
+// Policy returns the name of the quota the Interceptor enforces.
+func (in *Interceptor) Policy() string { return in.policy }
 
 // Unary returns the unary server interceptor: it decides the call and runs
 // the handler only if the call is allowed.
@@ -225,7 +227,8 @@ func (in *Interceptor) decide(ctx context.Context, method string) (sluice.Decisi
 	if key == "" {
 		return sluice.Decision{}, req, fmt.Errorf("%w: the key function returned an empty key", ErrNoKey)
 	}
-	req.Key = in.prefix + key
+	req.Policy = in.policy
+	req.Key = key
 	req.Limit = in.limit
 	if in.limitFunc != nil {
 		if req.Limit, err = in.limitFunc(ctx, method); err != nil {
@@ -247,12 +250,6 @@ func (in *Interceptor) decide(ctx context.Context, method string) (sluice.Decisi
 		return sluice.Decision{}, req, err
 	}
 	d, err := in.store.Take(ctx, req)
-	if err == nil && d.Replayed && !d.Allowed {
-		// The first attempt took nothing: charge the retry as a new call
-		// instead of denying it again until the store forgets the ID.
-		req.RequestID = ""
-		d, err = in.store.Take(ctx, req)
-	}
 	if err != nil && !sluice.IsInvalid(err) {
 		err = fmt.Errorf("%w: %w", ErrStore, err)
 	}

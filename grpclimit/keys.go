@@ -10,6 +10,8 @@ import (
 
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+
+	"github.com/sluicehq/sluice"
 )
 
 // KeyFunc returns the key of the bucket a call is charged to. It returns an
@@ -46,7 +48,8 @@ type PeerIPOptions struct {
 // x-forwarded-for is never read: behind a proxy, every call would have the
 // proxy's key; key by authenticated metadata (MetadataKey) there.
 //
-// The error wraps ErrInvalidOption if a prefix length is out of range.
+// The error wraps sluice.ErrInvalidOption if a prefix length is out of
+// range.
 func PeerIP(o PeerIPOptions) (KeyFunc, error) {
 	v4, v6 := o.IPv4PrefixLen, o.IPv6PrefixLen
 	if v4 == 0 {
@@ -56,10 +59,10 @@ func PeerIP(o PeerIPOptions) (KeyFunc, error) {
 		v6 = DefaultIPv6PrefixLen
 	}
 	if v4 < 1 || v4 > 32 {
-		return nil, fmt.Errorf("%w: IPv4 prefix length %d is outside [1, 32]", ErrInvalidOption, o.IPv4PrefixLen)
+		return nil, fmt.Errorf("%w: IPv4 prefix length %d is outside [1, 32]", sluice.ErrInvalidOption, o.IPv4PrefixLen)
 	}
 	if v6 < 1 || v6 > 128 {
-		return nil, fmt.Errorf("%w: IPv6 prefix length %d is outside [1, 128]", ErrInvalidOption, o.IPv6PrefixLen)
+		return nil, fmt.Errorf("%w: IPv6 prefix length %d is outside [1, 128]", sluice.ErrInvalidOption, o.IPv6PrefixLen)
 	}
 	return func(ctx context.Context, _ string) (string, error) {
 		p, ok := peer.FromContext(ctx)

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/grpclimit"
 )
 
@@ -52,8 +53,8 @@ func TestPeerIP(t *testing.T) {
 		})
 	}
 	for _, o := range []grpclimit.PeerIPOptions{{IPv4PrefixLen: 33}, {IPv6PrefixLen: -1}, {IPv6PrefixLen: 129}} {
-		if _, err := grpclimit.PeerIP(o); !errors.Is(err, grpclimit.ErrInvalidOption) {
-			t.Errorf("PeerIP(%+v) error = %v, want %v", o, err, grpclimit.ErrInvalidOption)
+		if _, err := grpclimit.PeerIP(o); !errors.Is(err, sluice.ErrInvalidOption) {
+			t.Errorf("PeerIP(%+v) error = %v, want %v", o, err, sluice.ErrInvalidOption)
 		}
 	}
 }

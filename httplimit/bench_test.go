@@ -15,11 +15,11 @@ import (
 // BenchmarkHandler measures the middleware around an empty handler, with
 // the in-memory store and a limit every request passes.
 func BenchmarkHandler(b *testing.B) {
-	mem := memstore.New(memstore.Options{SweepInterval: -1})
-	defer mem.Close()
+	mem := newMem(b, memstore.Options{SweepInterval: -1})
 	m, err := httplimit.New(mem, httplimit.Options{
-		Key:   httplimit.HeaderKey("X-Api-Key"),
-		Limit: sluice.Limit{Capacity: 1 << 40, Rate: sluice.PerSecond(1 << 30)},
+		Policy: "api",
+		Key:    httplimit.HeaderKey("X-Api-Key"),
+		Limit:  sluice.Limit{Capacity: 1 << 40, Rate: sluice.PerSecond(1 << 30)},
 	})
 	if err != nil {
 		b.Fatal(err)

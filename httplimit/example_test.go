@@ -19,13 +19,16 @@ import (
 // 200 again once a token has been refilled.
 func Example() {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC) // a clock the example controls
-	store := memstore.New(memstore.Options{Now: func() time.Time { return now }})
+	store, err := memstore.New(memstore.Options{Now: func() time.Time { return now }})
+	if err != nil {
+		panic(err)
+	}
 	defer store.Close()
 
 	m, err := httplimit.New(store, httplimit.Options{
+		Policy: "per-key",
 		Key:    httplimit.HeaderKey("X-Api-Key"),
 		Limit:  sluice.Limit{Capacity: 2, Rate: sluice.Per(1, 2*time.Second)},
-		Policy: "per-key",
 	})
 	if err != nil {
 		panic(err)
@@ -70,7 +73,7 @@ func (outage) Take(ctx context.Context, r sluice.Request) (sluice.Decision, erro
 	return sluice.Decision{RetryAfter: 5 * time.Second, Degraded: true}, nil
 }
 
-func (outage) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
+func (outage) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
 	return sluice.Decision{Degraded: true}, nil
 }
 
@@ -79,7 +82,8 @@ func (outage) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Deci
 // quota.
 func Example_degraded() {
 	m, err := httplimit.New(outage{}, httplimit.Options{
-		Limit: sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)},
+		Policy: "checkout",
+		Limit:  sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)},
 	})
 	if err != nil {
 		panic(err)
@@ -91,7 +95,7 @@ func Example_degraded() {
 	fmt.Print(rec.Body)
 	// Output:
 	// 503 Retry-After: 5
-	// {"type":"https://iana.org/assignments/http-problem-types#temporary-reduced-capacity","title":"Temporarily reduced capacity","status":503,"detail":"the rate limiter is degraded and cannot admit this request now","violated-policies":["default"]}
+	// {"type":"https://iana.org/assignments/http-problem-types#temporary-reduced-capacity","title":"Temporarily reduced capacity","status":503,"detail":"the rate limiter is degraded and cannot admit this request now","violated-policies":["checkout"]}
 }
 
 // Behind a load balancer at 10.0.0.0/8, the client is the rightmost

@@ -56,7 +56,8 @@ func appendLimitField(b []byte, quoted string, d sluice.Decision, l sluice.Limit
 }
 
 // quoteString returns s as a Structured Field String (RFC 9651 section
-// 3.3.3). s must be printable ASCII (see validPolicy).
+// 3.3.3). s must be printable ASCII (sluice.ValidatePolicy allows
+// nothing else in a policy name).
 func quoteString(s string) string {
 	b := make([]byte, 0, len(s)+2)
 	b = append(b, '"')

@@ -132,13 +132,16 @@ func TestGrowSecondsMeaning(t *testing.T) {
 			},
 		}
 		clock := sluicetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-		store := memstore.New(memstore.Options{Now: clock.Now, SweepInterval: -1})
+		store, err := memstore.New(memstore.Options{Now: clock.Now, SweepInterval: -1})
+		if err != nil {
+			rt.Fatal(err)
+		}
 		defer store.Close()
 		ctx := context.Background()
 		for range rapid.IntRange(1, 30).Draw(rt, "steps") {
 			clock.Advance(time.Duration(rapid.Int64Range(0, int64(3*l.Rate.Period)).Draw(rt, "advance")))
 			cost := rapid.Int64Range(1, l.Capacity).Draw(rt, "cost")
-			d, err := store.Take(ctx, sluice.Request{Key: "k", Cost: cost, Limit: l})
+			d, err := store.Take(ctx, sluice.Request{Policy: "p", Key: "k", Cost: cost, Limit: l})
 			if err != nil {
 				rt.Fatal(err)
 			}
@@ -159,7 +162,7 @@ func TestGrowSecondsMeaning(t *testing.T) {
 				now := clock.Now()
 				defer clock.Set(now)
 				clock.Set(now.Add(after))
-				p, err := store.Peek(ctx, "k", l)
+				p, err := store.Peek(ctx, sluice.Request{Policy: "p", Key: "k", Cost: 1, Limit: l})
 				if err != nil {
 					rt.Fatal(err)
 				}

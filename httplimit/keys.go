@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"github.com/sluicehq/sluice"
 )
 
 // KeyFunc returns the key of the bucket a request is charged to. It returns
@@ -73,8 +75,8 @@ type ClientIPOptions struct {
 // such clients share one bucket. A RemoteAddr that is not an IP address (a
 // Unix socket) is ErrNoKey.
 //
-// The error wraps ErrInvalidOption if a prefix length, a trusted network or
-// the header is not valid.
+// The error wraps sluice.ErrInvalidOption if a prefix length, a trusted
+// network or the header is not valid.
 func ClientIP(o ClientIPOptions) (KeyFunc, error) {
 	c := &clientIP{v4: o.IPv4PrefixLen, v6: o.IPv6PrefixLen}
 	if c.v4 == 0 {
@@ -84,10 +86,10 @@ func ClientIP(o ClientIPOptions) (KeyFunc, error) {
 		c.v6 = DefaultIPv6PrefixLen
 	}
 	if c.v4 < 1 || c.v4 > 32 {
-		return nil, fmt.Errorf("%w: IPv4 prefix length %d is outside [1, 32]", ErrInvalidOption, o.IPv4PrefixLen)
+		return nil, fmt.Errorf("%w: IPv4 prefix length %d is outside [1, 32]", sluice.ErrInvalidOption, o.IPv4PrefixLen)
 	}
 	if c.v6 < 1 || c.v6 > 128 {
-		return nil, fmt.Errorf("%w: IPv6 prefix length %d is outside [1, 128]", ErrInvalidOption, o.IPv6PrefixLen)
+		return nil, fmt.Errorf("%w: IPv6 prefix length %d is outside [1, 128]", sluice.ErrInvalidOption, o.IPv6PrefixLen)
 	}
 	switch http.CanonicalHeaderKey(o.Header) {
 	case "", XForwardedFor:
@@ -95,11 +97,11 @@ func ClientIP(o ClientIPOptions) (KeyFunc, error) {
 	case Forwarded:
 		c.header, c.parse = Forwarded, parseForwardedFor
 	default:
-		return nil, fmt.Errorf("%w: forwarding header %q is neither %q nor %q", ErrInvalidOption, o.Header, XForwardedFor, Forwarded)
+		return nil, fmt.Errorf("%w: forwarding header %q is neither %q nor %q", sluice.ErrInvalidOption, o.Header, XForwardedFor, Forwarded)
 	}
 	for _, p := range o.TrustedProxies {
 		if !p.IsValid() {
-			return nil, fmt.Errorf("%w: trusted proxy network %v is not a valid prefix", ErrInvalidOption, p)
+			return nil, fmt.Errorf("%w: trusted proxy network %v is not a valid prefix", sluice.ErrInvalidOption, p)
 		}
 		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
 			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)

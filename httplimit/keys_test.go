@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"testing"
+
+	"github.com/sluicehq/sluice"
 )
 
 func prefixes(ss ...string) []netip.Prefix {
@@ -163,8 +165,8 @@ func TestClientIPInvalidOptions(t *testing.T) {
 		{Header: "X-Real-IP"},
 		{TrustedProxies: []netip.Prefix{{}}},
 	} {
-		if _, err := ClientIP(o); !errors.Is(err, ErrInvalidOption) {
-			t.Errorf("ClientIP(%+v) error = %v, want %v", o, err, ErrInvalidOption)
+		if _, err := ClientIP(o); !errors.Is(err, sluice.ErrInvalidOption) {
+			t.Errorf("ClientIP(%+v) error = %v, want %v", o, err, sluice.ErrInvalidOption)
 		}
 	}
 }

@@ -23,7 +23,8 @@ import (
 // Errors passed to Options.ErrorHandler (wrapped; test with errors.Is). The
 // store's own parameter errors (sluice.ErrInvalidKey, ErrInvalidCost,
 // ErrInvalidLimit, ErrInvalidRequestID, ErrRequestIDConflict) are passed as
-// they are.
+// they are. New and ClientIP refuse invalid options with
+// sluice.ErrInvalidOption (and a policy name with sluice.ErrInvalidPolicy).
 var (
 	// ErrNoKey means the key function found nothing to key the request by
 	// (a missing header, a RemoteAddr that is not an IP address). Default
@@ -33,60 +34,61 @@ var (
 	// timed out, was full with sluice.ErrTooManyKeys, or the request's
 	// context ended); the request was not allowed. Default answer: 503.
 	ErrStore = errors.New("httplimit: store failed")
-	// ErrInvalidOption means an Options or ClientIPOptions value is out of
-	// range; New and ClientIP return it.
-	ErrInvalidOption = errors.New("httplimit: invalid option")
 )
 
-// DefaultPolicy is the policy name of the zero Options.
-const DefaultPolicy = "default"
-
-// MaxPolicyLen is the longest policy name, in bytes.
-const MaxPolicyLen = 64
-
-// Options configure a Middleware. The zero value of every field means its
-// documented default, except that one of Limit and LimitFunc must be set.
+// Options configure a Middleware. Policy is required, and so is one of
+// Limit and LimitFunc; the zero value of every other field means its
+// documented default.
 type Options struct {
-	// Key returns the key of a request's bucket. Default: the client's
-	// address as ClientIP with the zero ClientIPOptions keys it (the
-	// connection's peer, IPv6 by /64, forwarding headers ignored).
+	// Policy names the quota this middleware enforces ("api", "login"):
+	// the bucket of a request is (Policy, key), and the name is reported
+	// in the RateLimit-Policy and RateLimit fields and in problem bodies.
+	// Required, with no default: two middlewares with different policies
+	// never share a bucket, even on one store and one key, while two with
+	// the same policy share their buckets (one quota over several routes).
+	// It must pass sluice.ValidatePolicy: 1 to sluice.MaxPolicyLen bytes
+	// of printable ASCII without spaces; otherwise New returns an error
+	// wrapping sluice.ErrInvalidPolicy.
+	Policy string
+	// Key returns the key of a request's bucket within Policy. Default:
+	// the client's address as ClientIP with the zero ClientIPOptions keys
+	// it (the connection's peer, IPv6 by /64, forwarding headers ignored).
 	//
-	// The store key is Policy + ":" + the returned key, so that two
-	// middlewares with different policies can share a store; it must be
-	// at most sluice.MaxKeyLen bytes (else sluice.ErrInvalidKey, 400). An
-	// empty key is ErrNoKey.
+	// The key is passed to the store as it is (the store keeps the
+	// policies apart), so it may be up to sluice.MaxKeyLen bytes; a
+	// longer one is sluice.ErrInvalidKey (400). An empty key is ErrNoKey.
 	Key KeyFunc
-	// Limit is the limit of every request when LimitFunc is nil.
+	// Limit is the limit of every request when LimitFunc is nil. New
+	// checks it with sluice.CheckLimit, so a limit the store cannot
+	// decide (such as one beyond the Redis store's exact range) fails
+	// New rather than every request.
 	Limit sluice.Limit
 	// LimitFunc, when set, returns the limit of each request, for example
 	// from the customer's plan: a key seen under another limit than
-	// before keeps its bucket, converted as the store's change policy
-	// says. An error it returns is passed to ErrorHandler (500 by
-	// default). Set Limit or LimitFunc, not both.
+	// before keeps its bucket, converted as the store's conversion says.
+	// An error it returns, or the store's error for a limit it cannot
+	// decide, is passed to ErrorHandler (500 by default). Set Limit or
+	// LimitFunc, not both.
 	LimitFunc func(r *http.Request) (sluice.Limit, error)
 	// Cost returns the tokens a request costs, 1 to the limit's capacity.
 	// Default: 1 for every request. A cost outside that range is
 	// sluice.ErrInvalidCost (500 by default: it is a bug in Cost, not a
 	// denial); any other error it returns is passed to ErrorHandler.
 	Cost func(r *http.Request) (int64, error)
-	// Policy names the quota policy in the RateLimit-Policy and RateLimit
-	// fields and in problem bodies, and prefixes every store key. 1 to
-	// MaxPolicyLen bytes of printable ASCII. Default DefaultPolicy
-	// ("default").
-	Policy string
 	// RequestIDHeader names a header (such as "Idempotency-Key") whose
 	// value, when present, is the request ID of the take: a retry that
-	// carries the same value for the same key is not charged again while
-	// the store remembers the first decision. Default: none.
+	// carries the same value for the same policy and key is not charged
+	// again while the store remembers the first allowed decision; it gets
+	// that decision's answer again. Default: none.
 	//
 	// Set it only if the application itself deduplicates requests by this
 	// header (answers a repeated value from its own record without doing
 	// the work again): otherwise a client can send any number of
-	// different requests under one value and be charged once. A retry
-	// of a request that was denied is charged as a new request (a denial
-	// took nothing, so nothing is charged twice). The same value with
-	// another cost or limit is sluice.ErrRequestIDConflict (422 by
-	// default).
+	// different requests under one value and be charged once. A denial
+	// takes nothing and is not remembered, so a retry of a denied request
+	// is decided afresh, and charged once if it is then allowed. The same
+	// value with another cost or limit is sluice.ErrRequestIDConflict
+	// (422 by default).
 	RequestIDHeader string
 	// ErrorHandler writes the answer to a request that could not be
 	// decided, with err wrapping ErrNoKey, ErrStore, a sluice parameter
@@ -108,18 +110,22 @@ type Middleware struct {
 	cost       func(*http.Request) (int64, error)
 	policy     string
 	quoted     string // policy as a Structured Field String
-	prefix     string // policy + ":"
 	policyItem string // RateLimit-Policy value under limit (when fixed)
 	idHeader   string
 	onError    func(http.ResponseWriter, *http.Request, error)
 }
 
 // New returns a Middleware that decides with store under o. The error
-// wraps ErrInvalidOption if o is not valid, or sluice.ErrInvalidLimit if
-// o.Limit is set and not valid.
+// wraps sluice.ErrInvalidOption if store is nil or o is not valid,
+// sluice.ErrInvalidPolicy if o.Policy is empty or not a valid policy name,
+// or sluice.ErrInvalidLimit if o.Limit is set and not valid or store cannot
+// decide it exactly (sluice.CheckLimit).
 func New(store sluice.Store, o Options) (*Middleware, error) {
 	if store == nil {
-		return nil, fmt.Errorf("%w: store is nil", ErrInvalidOption)
+		return nil, fmt.Errorf("%w: store is nil", sluice.ErrInvalidOption)
+	}
+	if err := checkPolicy(o.Policy); err != nil {
+		return nil, err
 	}
 	m := &Middleware{
 		store:     store,
@@ -133,20 +139,13 @@ func New(store sluice.Store, o Options) (*Middleware, error) {
 	}
 	switch {
 	case o.LimitFunc != nil && o.Limit != (sluice.Limit{}):
-		return nil, fmt.Errorf("%w: set Limit or LimitFunc, not both", ErrInvalidOption)
+		return nil, fmt.Errorf("%w: set Limit or LimitFunc, not both", sluice.ErrInvalidOption)
 	case o.LimitFunc == nil:
-		if err := o.Limit.Validate(); err != nil {
+		if err := sluice.CheckLimit(store, o.Limit); err != nil {
 			return nil, err
 		}
 	}
-	if m.policy == "" {
-		m.policy = DefaultPolicy
-	}
-	if err := validPolicy(m.policy); err != nil {
-		return nil, err
-	}
 	m.quoted = quoteString(m.policy)
-	m.prefix = m.policy + ":"
 	if o.LimitFunc == nil {
 		m.policyItem = string(appendPolicyField(nil, m.quoted, m.limit))
 	}
@@ -163,21 +162,16 @@ func New(store sluice.Store, o Options) (*Middleware, error) {
 	return m, nil
 }
 
-// validPolicy reports whether a policy name is 1 to MaxPolicyLen bytes of
-// printable ASCII, what a Structured Field String can hold.
-func validPolicy(p string) error {
-	if len(p) > MaxPolicyLen {
-		return fmt.Errorf("%w: policy name is %d bytes, more than %d", ErrInvalidOption, len(p), MaxPolicyLen)
+// checkPolicy checks Options.Policy with sluice.ValidatePolicy, naming the
+// option when it was left empty.
+func checkPolicy(p string) error {
+	if p == "" {
+		return fmt.Errorf("%w: Options.Policy is empty; name the quota this middleware enforces (for example \"api\" or \"login\"), so that it gets buckets of its own", sluice.ErrInvalidPolicy)
 	}
-	for i := 0; i < len(p); i++ {
-		if p[i] < 0x20 || p[i] > 0x7e {
-			return fmt.Errorf("%w: policy name %q has a byte 0x%02x that is not printable ASCII", ErrInvalidOption, p, p[i])
-		}
-	}
-	return nil
+	return sluice.ValidatePolicy(p)
 }
 
-// Policy returns the policy name m reports and prefixes its keys with.
+// Policy returns the name of the quota m enforces.
 func (m *Middleware) Policy() string { return m.policy }
 
 // Handler returns a handler that decides each request and calls next only
@@ -264,7 +258,8 @@ func (m *Middleware) decide(r *http.Request) (sluice.Decision, sluice.Request, e
 	if key == "" {
 		return sluice.Decision{}, req, fmt.Errorf("%w: the key function returned an empty key", ErrNoKey)
 	}
-	req.Key = m.prefix + key
+	req.Policy = m.policy
+	req.Key = key
 	req.Limit = m.limit
 	if m.limitFunc != nil {
 		if req.Limit, err = m.limitFunc(r); err != nil {
@@ -287,16 +282,10 @@ func (m *Middleware) decide(r *http.Request) (sluice.Decision, sluice.Request, e
 	return d, req, err
 }
 
-// take takes req from store. A replayed denial is taken again without the
-// request ID: the first attempt took nothing, so the retry is charged as a
-// new request instead of being denied again until the store forgets the ID.
-// Errors that are not parameter errors are wrapped with ErrStore.
+// take takes req from store. Errors that are not parameter errors are
+// wrapped with ErrStore.
 func take(r *http.Request, store sluice.Store, req sluice.Request) (sluice.Decision, error) {
 	d, err := store.Take(r.Context(), req)
-	if err == nil && d.Replayed && !d.Allowed {
-		req.RequestID = ""
-		d, err = store.Take(r.Context(), req)
-	}
 	if err != nil && !sluice.IsInvalid(err) {
 		err = fmt.Errorf("%w: %w", ErrStore, err)
 	}
