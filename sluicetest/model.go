@@ -31,6 +31,9 @@ type Model struct {
 	idTTL   int64 // ticks
 	buckets map[modelKey]*modelBucket
 	ids     map[modelIDKey]modelID
+	// floor is the tick of the latest Sweep: a bucket created after it is
+	// stamped no earlier, since the sweep may have dropped it.
+	floor int64
 }
 
 type modelBucket struct {
@@ -74,6 +77,7 @@ func NewModel(tick time.Duration, conv sluice.Conversion, requestIDTTL time.Dura
 		idTTL:   ttl,
 		buckets: make(map[modelKey]*modelBucket),
 		ids:     make(map[modelIDKey]modelID),
+		floor:   math.MinInt64,
 	}
 }
 
@@ -144,13 +148,36 @@ func (m *Model) Level(policy, key string) *big.Rat {
 	return new(big.Rat).Set(b.level)
 }
 
+// Sweep drops, at tick now, what a store's maintenance may drop: every
+// bucket that is full by then (its stamp plus the time it takes to refill
+// is at most now) and every request ID whose TTL has ended. A bucket created
+// afterwards is stamped no earlier than now, so that a take whose clock
+// reading is older than the sweep cannot recreate at that older time a
+// bucket the sweep dropped (which would grant a burst the bucket did not
+// have then).
+func (m *Model) Sweep(now int64) {
+	for k, b := range m.buckets {
+		w := m.wait(b, b.limit.Capacity, b.stamp)
+		if w != sluice.Never && b.stamp <= now && int64(w/m.tick) <= now-b.stamp {
+			delete(m.buckets, k)
+		}
+	}
+	for k, rec := range m.ids {
+		if now >= satAdd(rec.at, m.idTTL) {
+			delete(m.ids, k)
+		}
+	}
+	m.floor = max(m.floor, now)
+}
+
 // current returns a copy of the bucket k brought up to date at tick now
 // under l, without storing it.
 func (m *Model) current(now int64, k modelKey, l sluice.Limit) *modelBucket {
 	old, ok := m.buckets[k]
 	if !ok {
-		// 1. A missing bucket starts full, stamped now.
-		return &modelBucket{level: new(big.Rat).SetInt64(l.Capacity), stamp: now, limit: l}
+		// 1. A missing bucket starts full, stamped now (or at the latest
+		// sweep, if that is later).
+		return &modelBucket{level: new(big.Rat).SetInt64(l.Capacity), stamp: max(now, m.floor), limit: l}
 	}
 	b := &modelBucket{level: new(big.Rat).Set(old.level), stamp: old.stamp, limit: old.limit}
 	// 2. Time never runs backwards inside a bucket.

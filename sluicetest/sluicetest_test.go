@@ -36,9 +36,10 @@ func (s *modelStore) Take(ctx context.Context, r sluice.Request) (sluice.Decisio
 	if err := ctx.Err(); err != nil {
 		return sluice.Decision{}, err
 	}
+	now := s.ticks() // before the lock, as a sharded store reads it
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.m.Take(s.ticks(), r)
+	return s.m.Take(now, r)
 }
 
 func (s *modelStore) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
@@ -48,6 +49,13 @@ func (s *modelStore) Peek(ctx context.Context, r sluice.Request) (sluice.Decisio
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.m.Peek(s.ticks(), r)
+}
+
+// sweep drops what the model's Sweep drops, at the store's current tick.
+func (s *modelStore) sweep() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m.Sweep(s.ticks())
 }
 
 func TestRunModelStore(t *testing.T) {
@@ -60,6 +68,7 @@ func TestRunModelStore(t *testing.T) {
 				Tick:           tick,
 				Workers:        8,
 				TakesPerWorker: 2000,
+				Sweep:          func(st sluice.Store) { st.(*modelStore).sweep() },
 			})
 		})
 	}

@@ -3,8 +3,9 @@
 // reference Model with the same requests at the same instants and requires
 // identical decisions and errors; it also checks the no-oversell guarantee,
 // clock steps backwards, idle gaps, limits that never refill, bad
-// parameters, idempotent request IDs, limit changes under each policy and
-// concurrent use.
+// parameters, idempotent request IDs, limit changes under each conversion,
+// separate policies on one key, sweeps between steps and under stale clock
+// readings, and concurrent use.
 //
 // A store under test reads time only from StoreOptions.Now, which the suite
 // backs with a manual Clock; no test sleeps. A store package runs it from a
@@ -91,6 +92,14 @@ type Suite struct {
 	// accepts (a refused limit's capacity is halved until it is accepted),
 	// and sometimes change a key to a refused one.
 	Supports func(sluice.Limit) error
+	// Sweep, when set, makes the store drop now, at its current clock
+	// reading, what its background maintenance would drop: full buckets
+	// and expired request IDs (memstore's SweepNow, pgstore's sweep). The
+	// suite calls it between the steps of the model tests, and concurrently
+	// with takes whose clock readings are stale (read before a sweep with
+	// a later reading ran). Nil means the store has no sweep of its own
+	// (Redis expires keys by itself).
+	Sweep func(st sluice.Store)
 }
 
 // Defaults of the zero Suite fields.
@@ -139,6 +148,9 @@ func Run(t *testing.T, s Suite) {
 	t.Run("LimitChanges", s.testLimitChanges)
 	t.Run("ConcurrentOneKey", s.testConcurrentOneKey)
 	t.Run("ConcurrentKeys", s.testConcurrentKeys)
+	t.Run("Policies", s.testPolicies)
+	t.Run("StaleReadingSweep", s.testStaleReadingSweep)
+	t.Run("ConcurrentStaleSweeps", s.testConcurrentStaleSweeps)
 }
 
 // tb is what the checks need of *testing.T and *rapid.T.
