@@ -1,6 +1,7 @@
 // Package grpclimit is a pair of gRPC server interceptors, unary and
 // stream, that rate-limit calls with a sluice.Store: each call (each stream,
-// when it starts) is charged to the bucket of its key.
+// when it starts) is charged to the bucket of its key under the
+// interceptor's named policy (Options.Policy).
 //
 // A call over quota fails with codes.ResourceExhausted, carrying a
 // google.rpc.RetryInfo (the wait, unless waiting cannot help) and a

@@ -1,7 +1,8 @@
 // Package httplimit is net/http middleware that rate-limits requests with a
-// sluice.Store: each request is charged to the bucket of its key, and a
-// denied request is answered 429 Too Many Requests with Retry-After and the
-// RateLimit-Policy and RateLimit fields of the IETF draft
+// sluice.Store: each request is charged to the bucket of its key under the
+// middleware's named policy (Options.Policy), and a denied request is
+// answered 429 Too Many Requests with Retry-After and the RateLimit-Policy
+// and RateLimit fields of the IETF draft
 // draft-ietf-httpapi-ratelimit-headers-11, in place of the handler.
 //
 // A request the limiter cannot decide is never passed through silently: a
