@@ -9,12 +9,15 @@ import (
 	"github.com/sluicehq/sluice/memstore"
 )
 
-// A Limiter binds a store to one limit: here a burst of 3 and one token
-// every minute for each key.
+// A Limiter binds a store to one policy and one limit: here the "comments"
+// quota, a burst of 3 and one token every minute for each key.
 func ExampleLimiter() {
-	store := memstore.New(memstore.Options{})
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		panic(err)
+	}
 	defer store.Close()
-	lim, err := sluice.NewLimiter(store, sluice.Limit{Capacity: 3, Rate: sluice.Every(time.Minute)})
+	lim, err := sluice.NewLimiter(store, "comments", sluice.Limit{Capacity: 3, Rate: sluice.Every(time.Minute)})
 	if err != nil {
 		panic(err)
 	}
@@ -48,40 +51,43 @@ func ExampleParseLimit() {
 	// sluice: invalid limit: capacity 0 is outside [1, 1099511627776]
 }
 
-// Plan is the exact transition every store implements: 10 tokens a second
-// for 150ms is exactly 1.5 tokens, and the wait for the second is exactly
-// 50ms.
-func ExamplePlan() {
-	p, err := sluice.NewPlan(sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)}, time.Nanosecond)
-	if err != nil {
-		panic(err)
-	}
-	var d sluice.Decision
-	s := p.Full(0)
-	p.Take(&s, 0, 10, &d) // empty the bucket at t=0
-	fmt.Println(d.Allowed, d.Remaining, d.ResetAfter)
-	p.Take(&s, int64(150*time.Millisecond), 2, &d)
-	fmt.Println(d.Allowed, d.Remaining, d.RetryAfter)
-	p.Take(&s, int64(150*time.Millisecond), 1, &d)
-	fmt.Println(d.Allowed, d.Remaining, d.ResetAfter)
-	// Output:
-	// true 0 1s
-	// false 1 50ms
-	// true 0 950ms
-}
-
 // A bucket that never refills denies with RetryAfter == Never once empty:
 // waiting cannot help.
 func ExampleNever() {
-	store := memstore.New(memstore.Options{})
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		panic(err)
+	}
 	defer store.Close()
 	ctx := context.Background()
 	oneTime := sluice.Limit{Capacity: 1, Rate: sluice.Rate{Tokens: 0, Period: time.Second}}
 	for range 2 {
-		d, _ := store.Take(ctx, sluice.Request{Key: "invite-code", Cost: 1, Limit: oneTime})
+		d, _ := store.Take(ctx, sluice.Request{Policy: "invites", Key: "invite-code", Cost: 1, Limit: oneTime})
 		fmt.Println(d.Allowed, d.RetryAfter == sluice.Never)
 	}
 	// Output:
 	// true false
 	// false true
+}
+
+// Two policies never share a bucket: a per-second burst and a daily quota
+// on the same user are decided apart.
+func ExampleRequest_policy() {
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	ctx := context.Background()
+	burst := sluice.Limit{Capacity: 5, Rate: sluice.PerSecond(5)}
+	daily := sluice.Limit{Capacity: 2, Rate: sluice.Per(2, 24*time.Hour)}
+	for range 3 {
+		b, _ := store.Take(ctx, sluice.Request{Policy: "burst", Key: "user-42", Cost: 1, Limit: burst})
+		d, _ := store.Take(ctx, sluice.Request{Policy: "daily", Key: "user-42", Cost: 1, Limit: daily})
+		fmt.Println(b.Allowed, b.Remaining, d.Allowed, d.Remaining)
+	}
+	// Output:
+	// true 4 true 1
+	// true 3 true 0
+	// true 2 false 0
 }

@@ -60,16 +60,23 @@ func TestRequestValidate(t *testing.T) {
 		r    sluice.Request
 		want error
 	}{
-		{"valid", sluice.Request{Key: "k", Cost: 1, Limit: l}, nil},
-		{"longest key, whole capacity, longest ID", sluice.Request{Key: strings.Repeat("k", 512), Cost: 10, Limit: l, RequestID: strings.Repeat("r", 512)}, nil},
-		{"any bytes", sluice.Request{Key: "\x00\xff", Cost: 1, Limit: l, RequestID: "\x00"}, nil},
-		{"empty key", sluice.Request{Key: "", Cost: 1, Limit: l}, sluice.ErrInvalidKey},
-		{"513-byte key", sluice.Request{Key: strings.Repeat("k", 513), Cost: 1, Limit: l}, sluice.ErrInvalidKey},
-		{"cost 0", sluice.Request{Key: "k", Cost: 0, Limit: l}, sluice.ErrInvalidCost},
-		{"cost -1", sluice.Request{Key: "k", Cost: -1, Limit: l}, sluice.ErrInvalidCost},
-		{"cost above capacity", sluice.Request{Key: "k", Cost: 11, Limit: l}, sluice.ErrInvalidCost},
-		{"bad limit", sluice.Request{Key: "k", Cost: 1, Limit: limit(0, 1, time.Second)}, sluice.ErrInvalidLimit},
-		{"513-byte request ID", sluice.Request{Key: "k", Cost: 1, Limit: l, RequestID: strings.Repeat("r", 513)}, sluice.ErrInvalidRequestID},
+		{"empty policy", sluice.Request{Key: "k", Cost: 1, Limit: l}, sluice.ErrInvalidPolicy},
+		{"longest policy", sluice.Request{Policy: strings.Repeat("p", 64), Key: "k", Cost: 1, Limit: l}, nil},
+		{"65-byte policy", sluice.Request{Policy: strings.Repeat("p", 65), Key: "k", Cost: 1, Limit: l}, sluice.ErrInvalidPolicy},
+		{"policy with a space", sluice.Request{Policy: "a b", Key: "k", Cost: 1, Limit: l}, sluice.ErrInvalidPolicy},
+		{"policy with a control byte", sluice.Request{Policy: "a\x00", Key: "k", Cost: 1, Limit: l}, sluice.ErrInvalidPolicy},
+		{"policy with a non-ASCII byte", sluice.Request{Policy: "é", Key: "k", Cost: 1, Limit: l}, sluice.ErrInvalidPolicy},
+		{"policy of punctuation", sluice.Request{Policy: "api/v1:login.2fa-_~", Key: "k", Cost: 1, Limit: l}, nil},
+		{"valid", sluice.Request{Policy: "p", Key: "k", Cost: 1, Limit: l}, nil},
+		{"longest key, whole capacity, longest ID", sluice.Request{Policy: "p", Key: strings.Repeat("k", 512), Cost: 10, Limit: l, RequestID: strings.Repeat("r", 512)}, nil},
+		{"any bytes", sluice.Request{Policy: "p", Key: "\x00\xff", Cost: 1, Limit: l, RequestID: "\x00"}, nil},
+		{"empty key", sluice.Request{Policy: "p", Key: "", Cost: 1, Limit: l}, sluice.ErrInvalidKey},
+		{"513-byte key", sluice.Request{Policy: "p", Key: strings.Repeat("k", 513), Cost: 1, Limit: l}, sluice.ErrInvalidKey},
+		{"cost 0", sluice.Request{Policy: "p", Key: "k", Cost: 0, Limit: l}, sluice.ErrInvalidCost},
+		{"cost -1", sluice.Request{Policy: "p", Key: "k", Cost: -1, Limit: l}, sluice.ErrInvalidCost},
+		{"cost above capacity", sluice.Request{Policy: "p", Key: "k", Cost: 11, Limit: l}, sluice.ErrInvalidCost},
+		{"bad limit", sluice.Request{Policy: "p", Key: "k", Cost: 1, Limit: limit(0, 1, time.Second)}, sluice.ErrInvalidLimit},
+		{"513-byte request ID", sluice.Request{Policy: "p", Key: "k", Cost: 1, Limit: l, RequestID: strings.Repeat("r", 513)}, sluice.ErrInvalidRequestID},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -176,10 +183,21 @@ func TestParseLimitErrors(t *testing.T) {
 		{"99999999999999999999 1/s", `capacity "99999999999999999999"`},
 		{"100 -1/s", "rate tokens -1 "},
 		{"100 1099511627777/s", "rate tokens 1099511627777 "},
-		{"100 10/0s", "rate period 0 ns"},
-		{"100 10/-1s", "rate period -1000000000 ns"},
-		{"100 10/8785h", "rate period 31626000000000000 ns"},
+		// The period is echoed as typed, not as a number of nanoseconds.
+		{"10 5/0s", `period "0s" is outside [1ns, 366d]`},
+		{"100 10/-1s", `period "-1s"`},
+		{"100 10/8785h", `period "8785h" is outside [1ns, 366d]`},
 		{"100 10/3000000h", `period "3000000h"`}, // overflows a time.Duration
+		// A word ending in d is not a number of days.
+		{"100 10/second", `period "second" is not a unit`},
+		{"100 10/1.5second", `period "1.5second" is not a unit`},
+		// Fractions of a nanosecond are refused, not rounded to 0 or 1ns.
+		{"10 5/0.5ns", `period "0.5ns" is not a whole number of nanoseconds`},
+		{"10 5/1.5ns", `period "1.5ns" is not a whole number of nanoseconds`},
+		{"10 5/1.0000000001s", `period "1.0000000001s" is not a whole number of nanoseconds`},
+		{"10 5/+1s", `period "+1s"`},
+		{"10 5/1..5s", `period "1..5s"`},
+		{"10 5/.s", `period ".s"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -267,5 +285,21 @@ func TestConversion(t *testing.T) {
 	}
 	if _, err := sluice.ParseConversion("clamp"); !errors.Is(err, sluice.ErrInvalidOption) {
 		t.Errorf("ParseConversion(%q) error = %v, want %v", "clamp", err, sluice.ErrInvalidOption)
+	}
+}
+
+func TestValidatePeek(t *testing.T) {
+	l := limit(10, 1, time.Second)
+	r := sluice.Request{Policy: "p", Key: "k", Cost: 10, Limit: l}
+	if err := r.ValidatePeek(); err != nil {
+		t.Fatalf("ValidatePeek(%+v) = %v, want nil", r, err)
+	}
+	r.RequestID = "id"
+	if err := r.ValidatePeek(); !errors.Is(err, sluice.ErrInvalidRequestID) {
+		t.Fatalf("ValidatePeek with a request ID = %v, want %v", err, sluice.ErrInvalidRequestID)
+	}
+	r.RequestID, r.Cost = "", 11
+	if err := r.ValidatePeek(); !errors.Is(err, sluice.ErrInvalidCost) {
+		t.Fatalf("ValidatePeek with cost 11 = %v, want %v", err, sluice.ErrInvalidCost)
 	}
 }
