@@ -13,19 +13,18 @@ import (
 // here is memstore, so the numbers are the guard's own cost.
 func BenchmarkTake(b *testing.B) {
 	l := sluice.Limit{Capacity: 1 << 40, Rate: sluice.PerSecond(1 << 40)}
-	ms := memstore.New(memstore.Options{SweepInterval: -1})
-	b.Cleanup(func() { ms.Close() })
+	ms := newMemstore(b, memstore.Options{})
 	for _, bc := range []struct {
 		name  string
 		store sluice.Store
 	}{
 		{"memstore", ms},
-		{"guard", guard.New(ms, guard.Options{})},
+		{"guard", mustNew(b, ms, guard.Options{})},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			r := sluice.Request{Key: "k", Cost: 1, Limit: l}
+			r := sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: l}
 			b.ReportAllocs()
 			for b.Loop() {
 				bc.store.Take(ctx, r)
@@ -36,7 +35,7 @@ func BenchmarkTake(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
-				r := sluice.Request{Key: "k", Cost: 1, Limit: l}
+				r := sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: l}
 				for pb.Next() {
 					bc.store.Take(ctx, r)
 				}

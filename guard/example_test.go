@@ -21,7 +21,7 @@ func (unreachable) Take(context.Context, sluice.Request) (sluice.Decision, error
 	return sluice.Decision{}, errRefused
 }
 
-func (unreachable) Peek(context.Context, string, sluice.Limit) (sluice.Decision, error) {
+func (unreachable) Peek(context.Context, sluice.Request) (sluice.Decision, error) {
 	return sluice.Decision{}, errRefused
 }
 
@@ -29,8 +29,8 @@ func (unreachable) Peek(context.Context, string, sluice.Limit) (sluice.Decision,
 // quarter of the limit (four instances share the store); every such
 // decision is marked degraded and its cause goes to the hook.
 func Example() {
-	store := guard.New(unreachable{}, guard.Options{
-		Policy:       guard.FailLocal,
+	store, err := guard.New(unreachable{}, guard.Options{
+		FailureMode:  guard.FailLocal,
 		LocalDivisor: 4,
 		Hooks: guard.Hooks{
 			Degraded: func(ctx context.Context, d guard.Degradation) {
@@ -38,9 +38,12 @@ func Example() {
 			},
 		},
 	})
+	if err != nil {
+		panic(err)
+	}
 	limit := sluice.Limit{Capacity: 8, Rate: sluice.PerSecond(4)}
 	for range 3 {
-		d, err := store.Take(context.Background(), sluice.Request{Key: "user-1", Cost: 1, Limit: limit})
+		d, err := store.Take(context.Background(), sluice.Request{Policy: "test", Key: "user-1", Cost: 1, Limit: limit})
 		fmt.Println(d.Allowed, d.Degraded, d.Remaining, d.Limit, err)
 	}
 	// Output:
@@ -71,18 +74,27 @@ func status(d sluice.Decision, err error) int {
 // Degraded.
 func Example_status() {
 	limit := sluice.Limit{Capacity: 1, Rate: sluice.Per(1, time.Minute)}
-	req := sluice.Request{Key: "user-1", Cost: 1, Limit: limit}
+	req := sluice.Request{Policy: "test", Key: "user-1", Cost: 1, Limit: limit}
 	ctx := context.Background()
 
-	mem := memstore.New(memstore.Options{})
+	mem, err := memstore.New(memstore.Options{})
+	if err != nil {
+		panic(err)
+	}
 	defer mem.Close()
-	healthy := guard.New(mem, guard.Options{Policy: guard.FailClosed})
+	healthy, err := guard.New(mem, guard.Options{FailureMode: guard.FailClosed})
+	if err != nil {
+		panic(err)
+	}
 	fmt.Println(status(healthy.Take(ctx, req)))
 	fmt.Println(status(healthy.Take(ctx, req)))
 
-	down := guard.New(unreachable{}, guard.Options{Policy: guard.FailClosed})
+	down, err := guard.New(unreachable{}, guard.Options{FailureMode: guard.FailClosed})
+	if err != nil {
+		panic(err)
+	}
 	fmt.Println(status(down.Take(ctx, req)))
-	fmt.Println(status(down.Take(ctx, sluice.Request{Key: "user-1", Cost: 2, Limit: limit})))
+	fmt.Println(status(down.Take(ctx, sluice.Request{Policy: "test", Key: "user-1", Cost: 2, Limit: limit})))
 	// Output:
 	// 200
 	// 429

@@ -147,7 +147,7 @@ func newRig(t *testing.T, o guard.Options) *rig {
 	for i := range workers {
 		warm.Go(func() {
 			for range 20 {
-				if _, err := store.Take(t.Context(), sluice.Request{Key: fmt.Sprint("warm", i), Cost: 1, Limit: sluice.Limit{Capacity: 1, Rate: sluice.PerSecond(1)}}); err == nil {
+				if _, err := store.Take(t.Context(), sluice.Request{Policy: "test", Key: fmt.Sprint("warm", i), Cost: 1, Limit: sluice.Limit{Capacity: 1, Rate: sluice.PerSecond(1)}}); err == nil {
 					warmed.Add(1)
 					return
 				}
@@ -159,8 +159,7 @@ func newRig(t *testing.T, o guard.Options) *rig {
 		t.Fatalf("no decision through the proxy to %s in %d tries", opts.Addr, 20*workers)
 	}
 
-	control := memstore.New(memstore.Options{SweepInterval: -1})
-	t.Cleanup(func() { control.Close() })
+	control := newMemstore(t, memstore.Options{})
 	r := &rig{proxy: p, client: client, direct: check, control: control, base: time.Now()}
 	o.Hooks = guard.Hooks{
 		StoreCall: func(ctx context.Context, c guard.Call) {
@@ -174,7 +173,7 @@ func newRig(t *testing.T, o guard.Options) *rig {
 			r.mu.Unlock()
 		},
 	}
-	r.guard = guard.New(store, o)
+	r.guard = mustNew(t, store, o)
 	return r
 }
 
@@ -243,7 +242,7 @@ func (r *rig) startLoad(keys int, l sluice.Limit) *load {
 				ctx := context.WithValue(context.Background(), callKey{}, ci)
 				k := i % keys
 				s := sample{start: r.since(), key: k}
-				req := sluice.Request{Key: fmt.Sprint("key", k), Cost: 1, Limit: l}
+				req := sluice.Request{Policy: "test", Key: fmt.Sprint("key", k), Cost: 1, Limit: l}
 				s.d, s.err = r.guard.Take(ctx, req)
 				s.end = r.since()
 				s.callInfo = *ci
@@ -415,7 +414,7 @@ func TestOutage(t *testing.T) {
 	small := sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(40)}
 	const divisor = 4
 	tests := []struct {
-		policy guard.Policy
+		policy guard.FailureMode
 		limit  sluice.Limit
 		check  func(t *testing.T, all, outage []sample)
 	}{
@@ -484,7 +483,7 @@ func TestOutage(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.policy.String(), func(t *testing.T) {
-			r := newRig(t, guard.Options{Policy: tt.policy, LocalDivisor: divisor})
+			r := newRig(t, guard.Options{FailureMode: tt.policy, LocalDivisor: divisor})
 			ld := r.startLoad(4, tt.limit)
 			time.Sleep(time.Second)
 			f := r.inject(r.proxy.Refuse)
@@ -503,7 +502,7 @@ func TestOutage(t *testing.T) {
 // charged each lost call at most once: the guard never retries, and
 // neither does the client.
 func TestLostReplies(t *testing.T) {
-	r := newRig(t, guard.Options{Policy: guard.FailClosed})
+	r := newRig(t, guard.Options{FailureMode: guard.FailClosed})
 	l := sluice.Limit{Capacity: 1 << 20, Rate: sluice.Per(1, time.Hour)}
 	ld := r.startLoad(4, l)
 	time.Sleep(time.Second)
@@ -525,7 +524,7 @@ func TestLostReplies(t *testing.T) {
 	}
 	var charged int64
 	for k := range 4 {
-		d, err := r.direct.Peek(t.Context(), fmt.Sprint("key", k), l)
+		d, err := r.direct.Peek(t.Context(), sluice.Request{Policy: "test", Key: fmt.Sprint("key", k), Cost: 1, Limit: l})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -549,7 +548,7 @@ func TestSlowStore(t *testing.T) {
 	redistest.Options(t) // start a private server, if any, before counting
 	baseline := runtime.NumGoroutine()
 
-	r := newRig(t, guard.Options{Policy: guard.FailOpen})
+	r := newRig(t, guard.Options{FailureMode: guard.FailOpen})
 	l := sluice.Limit{Capacity: 1 << 20, Rate: sluice.PerSecond(1 << 20)}
 	var maxConns atomic.Int64
 	stopWatch := make(chan struct{})
@@ -618,7 +617,7 @@ func TestChaos(t *testing.T) {
 		t.Skip("set SLUICE_CHAOS=N to run N rounds of 10s outages (about 15s each)")
 	}
 	l := sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(40)}
-	r := newRig(t, guard.Options{Policy: guard.FailLocal, LocalDivisor: 4})
+	r := newRig(t, guard.Options{FailureMode: guard.FailLocal, LocalDivisor: 4})
 	ld := r.startLoad(4, l)
 	var faults []*fault
 	time.Sleep(time.Second)

@@ -66,9 +66,9 @@ var (
 	ErrBreakerOpen = errors.New("guard: circuit breaker open")
 )
 
-// Policy names what decides when the store cannot: the zero value is
+// FailureMode names what decides when the store cannot: the zero value is
 // FailLocal.
-type Policy uint8
+type FailureMode uint8
 
 const (
 	// FailLocal decides against an in-process bucket per key holding
@@ -76,7 +76,7 @@ const (
 	// LocalLimit). Over an outage of length T each instance allows a key
 	// at most C/N + (r/N)·T, so N instances together stay within the
 	// limit. The default, as the research (reliability.md §7) advises.
-	FailLocal Policy = iota
+	FailLocal FailureMode = iota
 	// FailClosed denies: Allowed false, Degraded true, RetryAfter the
 	// probe interval (a hint, not an exact wait). For endpoints where an
 	// unlimited burst costs more than an outage (authentication).
@@ -86,8 +86,8 @@ const (
 	FailOpen
 )
 
-// String returns "local", "closed" or "open", the names ParsePolicy reads.
-func (p Policy) String() string {
+// String returns "local", "closed" or "open", the names ParseFailureMode reads.
+func (p FailureMode) String() string {
 	switch p {
 	case FailLocal:
 		return "local"
@@ -96,11 +96,11 @@ func (p Policy) String() string {
 	case FailOpen:
 		return "open"
 	}
-	return fmt.Sprintf("Policy(%d)", uint8(p))
+	return fmt.Sprintf("FailureMode(%d)", uint8(p))
 }
 
-// ParsePolicy returns the Policy named "local", "closed" or "open".
-func ParsePolicy(s string) (Policy, error) {
+// ParseFailureMode returns the FailureMode named "local", "closed" or "open".
+func ParseFailureMode(s string) (FailureMode, error) {
 	switch s {
 	case "local":
 		return FailLocal, nil
@@ -113,17 +113,17 @@ func ParsePolicy(s string) (Policy, error) {
 }
 
 // MarshalText implements encoding.TextMarshaler with the names of String.
-func (p Policy) MarshalText() ([]byte, error) {
+func (p FailureMode) MarshalText() ([]byte, error) {
 	if p > FailOpen {
 		return nil, fmt.Errorf("guard: failure policy %d is unknown", uint8(p))
 	}
 	return []byte(p.String()), nil
 }
 
-// UnmarshalText implements encoding.TextUnmarshaler with ParsePolicy, for
+// UnmarshalText implements encoding.TextUnmarshaler with ParseFailureMode, for
 // configuration files.
-func (p *Policy) UnmarshalText(b []byte) error {
-	v, err := ParsePolicy(string(b))
+func (p *FailureMode) UnmarshalText(b []byte) error {
+	v, err := ParseFailureMode(string(b))
 	if err != nil {
 		return err
 	}
@@ -146,9 +146,9 @@ const (
 // Options configure a Store. The zero value of every field means its
 // documented default.
 type Options struct {
-	// Policy decides when the store cannot. Default FailLocal. A value
-	// that names no policy is treated as FailClosed.
-	Policy Policy
+	// FailureMode decides when the store cannot. Default FailLocal. A
+	// value that names no mode is treated as FailClosed.
+	FailureMode FailureMode
 	// LocalDivisor is N for FailLocal: each local bucket holds 1/N of the
 	// request's limit. Set it to the number of instances sharing the
 	// store. Default 1 (each instance may allow the whole limit during an
@@ -229,8 +229,10 @@ type Call struct {
 type Degradation struct {
 	// Op is the method called.
 	Op Op
-	// Policy is the policy that decided.
-	Policy Policy
+	// Policy is the request's policy name.
+	Policy string
+	// FailureMode is the mode that decided.
+	FailureMode FailureMode
 	// Allowed is the decision's Allowed.
 	Allowed bool
 	// Cause is why the store did not decide: the store's error, an error
@@ -259,7 +261,7 @@ type Hooks struct {
 // store. It is safe for concurrent use. Create one with New.
 type Store struct {
 	store   sluice.Store
-	policy  Policy
+	policy  FailureMode
 	timeout time.Duration
 	probe   time.Duration
 	now     func() time.Time
@@ -273,10 +275,10 @@ var _ sluice.Store = (*Store)(nil)
 
 // New returns a Store deciding in store, and by o.Policy when store fails.
 // Option values out of range are replaced by their defaults.
-func New(store sluice.Store, o Options) *Store {
+func New(store sluice.Store, o Options) (*Store, error) {
 	s := &Store{
 		store:   store,
-		policy:  o.Policy,
+		policy:  o.FailureMode,
 		timeout: o.Timeout,
 		probe:   o.ProbeInterval,
 		now:     o.Now,
@@ -303,7 +305,7 @@ func New(store sluice.Store, o Options) *Store {
 		if maxKeys <= 0 {
 			maxKeys = DefaultLocalMaxKeys
 		}
-		s.local = memstore.New(memstore.Options{
+		s.local, _ = memstore.New(memstore.Options{
 			Now:           o.Now,
 			MaxKeys:       maxKeys,
 			MaxRequestIDs: maxKeys,
@@ -312,11 +314,11 @@ func New(store sluice.Store, o Options) *Store {
 		})
 	}
 	s.br.init(o, s.probe, s.now())
-	return s
+	return s, nil
 }
 
-// Policy returns the policy s decides by when the store cannot.
-func (s *Store) Policy() Policy { return s.policy }
+// FailureMode returns the mode s decides by when the store cannot.
+func (s *Store) FailureMode() FailureMode { return s.policy }
 
 // Take implements sluice.Store. It validates r (errors wrap the sluice
 // sentinels; the store is not called), then asks the store within the
@@ -332,14 +334,11 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 // Peek implements sluice.Store like Take, without consuming: a degraded
 // Peek reports the local bucket (FailLocal), or Allowed true (FailOpen) or
 // false (FailClosed).
-func (s *Store) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
-	if err := sluice.ValidateKey(key); err != nil {
+func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := r.ValidatePeek(); err != nil {
 		return sluice.Decision{}, err
 	}
-	if err := l.Validate(); err != nil {
-		return sluice.Decision{}, err
-	}
-	return s.decide(ctx, OpPeek, &sluice.Request{Key: key, Cost: 1, Limit: l})
+	return s.decide(ctx, OpPeek, &r)
 }
 
 // Status is a snapshot of the breaker.
@@ -400,7 +399,7 @@ func (s *Store) call(ctx context.Context, op Op, r *sluice.Request, probe bool) 
 	if op == OpTake {
 		d, err = s.store.Take(cctx, *r)
 	} else {
-		d, err = s.store.Peek(cctx, r.Key, r.Limit)
+		d, err = s.store.Peek(cctx, *r)
 	}
 	end := s.now()
 	expired := errors.Is(cctx.Err(), context.DeadlineExceeded)
@@ -450,7 +449,7 @@ func (s *Store) degrade(ctx context.Context, op Op, r *sluice.Request, cause err
 		d = sluice.Decision{RetryAfter: s.probe, Limit: r.Limit, Degraded: true}
 	}
 	if s.hooks.Degraded != nil {
-		s.hooks.Degraded(ctx, Degradation{Op: op, Policy: s.policy, Allowed: d.Allowed, Cause: cause})
+		s.hooks.Degraded(ctx, Degradation{Op: op, Policy: r.Policy, FailureMode: s.policy, Allowed: d.Allowed, Cause: cause})
 	}
 	return d, nil
 }

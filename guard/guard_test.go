@@ -38,9 +38,29 @@ type flaky struct {
 var errDown = errors.New("store down")
 
 func newFlaky(t *testing.T, now func() time.Time) *flaky {
-	s := memstore.New(memstore.Options{Now: now, SweepInterval: -1})
+	return &flaky{next: newMemstore(t, memstore.Options{Now: now})}
+}
+
+// newMemstore returns a memstore without a sweeper, closed when t ends.
+func newMemstore(t testing.TB, o memstore.Options) *memstore.Store {
+	t.Helper()
+	o.SweepInterval = -1
+	s, err := memstore.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { s.Close() })
-	return &flaky{next: s}
+	return s
+}
+
+// mustNew returns guard.New(store, o), failing t on an error.
+func mustNew(t testing.TB, store sluice.Store, o guard.Options) *guard.Store {
+	t.Helper()
+	g, err := guard.New(store, o)
+	if err != nil {
+		t.Fatalf("guard.New(%+v): %v", o, err)
+	}
+	return g
 }
 
 func (f *flaky) set(err error, block bool) {
@@ -68,11 +88,11 @@ func (f *flaky) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	return f.next.Take(ctx, r)
 }
 
-func (f *flaky) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
+func (f *flaky) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
 	if err := f.fail(ctx); err != nil {
 		return sluice.Decision{}, err
 	}
-	return f.next.Peek(ctx, key, l)
+	return f.next.Peek(ctx, r)
 }
 
 // recorder keeps what the hooks report.
@@ -123,14 +143,12 @@ var limit = sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(4)}
 func TestConformance(t *testing.T) {
 	sluicetest.Run(t, sluicetest.Suite{
 		New: func(t *testing.T, o sluicetest.StoreOptions) sluice.Store {
-			s := memstore.New(memstore.Options{
+			s := newMemstore(t, memstore.Options{
 				Now:           o.Now,
 				OnLimitChange: o.OnLimitChange,
 				RequestIDTTL:  o.RequestIDTTL,
-				SweepInterval: -1,
 			})
-			t.Cleanup(func() { s.Close() })
-			return guard.New(s, guard.Options{Now: o.Now, Timeout: time.Minute})
+			return mustNew(t, s, guard.Options{Now: o.Now, Timeout: time.Minute})
 		},
 		// The store's own concurrency is memstore's tests' business; a
 		// tenth of the default load still races every path of the guard.
@@ -148,14 +166,14 @@ func TestBadParametersStayErrors(t *testing.T) {
 		r    sluice.Request
 		want error
 	}{
-		{"empty key", sluice.Request{Key: "", Cost: 1, Limit: limit}, sluice.ErrInvalidKey},
-		{"long key", sluice.Request{Key: long, Cost: 1, Limit: limit}, sluice.ErrInvalidKey},
-		{"zero cost", sluice.Request{Key: "k", Cost: 0, Limit: limit}, sluice.ErrInvalidCost},
-		{"cost above capacity", sluice.Request{Key: "k", Cost: 11, Limit: limit}, sluice.ErrInvalidCost},
-		{"zero limit", sluice.Request{Key: "k", Cost: 1}, sluice.ErrInvalidLimit},
-		{"long request ID", sluice.Request{Key: "k", Cost: 1, Limit: limit, RequestID: long}, sluice.ErrInvalidRequestID},
+		{"empty key", sluice.Request{Policy: "test", Key: "", Cost: 1, Limit: limit}, sluice.ErrInvalidKey},
+		{"long key", sluice.Request{Policy: "test", Key: long, Cost: 1, Limit: limit}, sluice.ErrInvalidKey},
+		{"zero cost", sluice.Request{Policy: "test", Key: "k", Cost: 0, Limit: limit}, sluice.ErrInvalidCost},
+		{"cost above capacity", sluice.Request{Policy: "test", Key: "k", Cost: 11, Limit: limit}, sluice.ErrInvalidCost},
+		{"zero limit", sluice.Request{Policy: "test", Key: "k", Cost: 1}, sluice.ErrInvalidLimit},
+		{"long request ID", sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit, RequestID: long}, sluice.ErrInvalidRequestID},
 	}
-	for _, policy := range []guard.Policy{guard.FailLocal, guard.FailClosed, guard.FailOpen} {
+	for _, policy := range []guard.FailureMode{guard.FailLocal, guard.FailClosed, guard.FailOpen} {
 		for _, down := range []bool{false, true} {
 			for _, tt := range tests {
 				t.Run(fmt.Sprintf("%v/down=%v/%s", policy, down, tt.name), func(t *testing.T) {
@@ -165,7 +183,7 @@ func TestBadParametersStayErrors(t *testing.T) {
 						f.set(errDown, false)
 					}
 					var rec recorder
-					g := guard.New(f, guard.Options{Policy: policy, Now: c.Now, ConsecutiveFailures: 1, Hooks: rec.hooks()})
+					g := mustNew(t, f, guard.Options{FailureMode: policy, Now: c.Now, ConsecutiveFailures: 1, Hooks: rec.hooks()})
 					for range 3 {
 						d, err := g.Take(t.Context(), tt.r)
 						if !errors.Is(err, tt.want) || d != (sluice.Decision{}) {
@@ -173,8 +191,8 @@ func TestBadParametersStayErrors(t *testing.T) {
 						}
 					}
 					if tt.r.Cost == 1 && tt.r.RequestID == "" { // Peek has no cost or request ID to get wrong
-						if d, err := g.Peek(t.Context(), tt.r.Key, tt.r.Limit); !errors.Is(err, tt.want) || d != (sluice.Decision{}) {
-							t.Fatalf("Peek(%q, %v) = %+v, %v; want an error wrapping %v", tt.r.Key, tt.r.Limit, d, err, tt.want)
+						if d, err := g.Peek(t.Context(), tt.r); !errors.Is(err, tt.want) || d != (sluice.Decision{}) {
+							t.Fatalf("Peek(%+v) = %+v, %v; want an error wrapping %v", tt.r, d, err, tt.want)
 						}
 					}
 					if n := f.calls.Load(); n != 0 {
@@ -198,9 +216,9 @@ func TestStoreAnswersAreNotFailures(t *testing.T) {
 			c := newClock()
 			f := newFlaky(t, c.Now)
 			f.set(fmt.Errorf("store says: %w", want), false)
-			g := guard.New(f, guard.Options{Policy: guard.FailOpen, Now: c.Now, ConsecutiveFailures: 1})
+			g := mustNew(t, f, guard.Options{FailureMode: guard.FailOpen, Now: c.Now, ConsecutiveFailures: 1})
 			for range 5 {
-				d, err := g.Take(t.Context(), sluice.Request{Key: "k", Cost: 1, Limit: limit})
+				d, err := g.Take(t.Context(), sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit})
 				if !errors.Is(err, want) || d.Degraded {
 					t.Fatalf("Take = %+v, %v; want an error wrapping %v", d, err, want)
 				}
@@ -218,7 +236,7 @@ func TestStoreAnswersAreNotFailures(t *testing.T) {
 func TestPolicies(t *testing.T) {
 	local := guard.LocalLimit(limit, 3) // capacity 3, 4 tokens every 3s
 	tests := []struct {
-		policy guard.Policy
+		policy guard.FailureMode
 		want   []sluice.Decision // four takes of cost 1 in a row
 	}{
 		{guard.FailOpen, []sluice.Decision{
@@ -246,10 +264,10 @@ func TestPolicies(t *testing.T) {
 			f := newFlaky(t, c.Now)
 			f.set(errDown, false)
 			var rec recorder
-			g := guard.New(f, guard.Options{Policy: tt.policy, LocalDivisor: 3, Now: c.Now, Hooks: rec.hooks()})
+			g := mustNew(t, f, guard.Options{FailureMode: tt.policy, LocalDivisor: 3, Now: c.Now, Hooks: rec.hooks()})
 			ctx := context.WithValue(t.Context(), ctxKey{}, "request-1")
 			for i, want := range tt.want {
-				got, err := g.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: limit})
+				got, err := g.Take(ctx, sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit})
 				if err != nil {
 					t.Fatalf("take %d: Take = %+v, %v; want no error", i, got, err)
 				}
@@ -257,7 +275,7 @@ func TestPolicies(t *testing.T) {
 					t.Fatalf("take %d: Take(k, 1) = %+v, want %+v (-want +got):\n%s", i, got, want, diff)
 				}
 				d := rec.lastDegraded()
-				if !errors.Is(d.Cause, errDown) || d.Policy != tt.policy || d.Allowed != got.Allowed || d.Op != guard.OpTake {
+				if !errors.Is(d.Cause, errDown) || d.FailureMode != tt.policy || d.Allowed != got.Allowed || d.Op != guard.OpTake {
 					t.Fatalf("take %d: Degraded hook got %+v; want cause %v, policy %v, allowed %v", i, d, errDown, tt.policy, got.Allowed)
 				}
 			}
@@ -276,10 +294,10 @@ func TestLocalBudget(t *testing.T) {
 	f := newFlaky(t, c.Now)
 	f.set(errDown, false)
 	l := sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(40)}
-	g := guard.New(f, guard.Options{Policy: guard.FailLocal, LocalDivisor: 4, Now: c.Now})
+	g := mustNew(t, f, guard.Options{FailureMode: guard.FailLocal, LocalDivisor: 4, Now: c.Now})
 	allowed := 0
 	for range 300 { // 3s at 100 takes a second
-		d, err := g.Take(t.Context(), sluice.Request{Key: "k", Cost: 1, Limit: l})
+		d, err := g.Take(t.Context(), sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: l})
 		if err != nil || !d.Degraded {
 			t.Fatalf("Take = %+v, %v; want a degraded decision", d, err)
 		}
@@ -292,7 +310,7 @@ func TestLocalBudget(t *testing.T) {
 	if allowed != 54 {
 		t.Errorf("FailLocal with divisor 4 allowed %d of 300 takes of limit %v over 2.99s, want 54", allowed, l)
 	}
-	d, err := g.Take(t.Context(), sluice.Request{Key: "k2", Cost: 26, Limit: l})
+	d, err := g.Take(t.Context(), sluice.Request{Policy: "test", Key: "k2", Cost: 26, Limit: l})
 	if err != nil || d.Allowed || !d.Degraded {
 		t.Errorf("Take(cost 26 > local capacity 25) = %+v, %v; want a degraded denial", d, err)
 	}
@@ -338,10 +356,10 @@ func TestBreakerConsecutive(t *testing.T) {
 	c := newClock()
 	f := newFlaky(t, c.Now)
 	var rec recorder
-	g := guard.New(f, guard.Options{Policy: guard.FailClosed, Now: c.Now, Hooks: rec.hooks()})
+	g := mustNew(t, f, guard.Options{FailureMode: guard.FailClosed, Now: c.Now, Hooks: rec.hooks()})
 	take := func() sluice.Decision {
 		t.Helper()
-		d, err := g.Take(t.Context(), sluice.Request{Key: "k", Cost: 1, Limit: limit})
+		d, err := g.Take(t.Context(), sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit})
 		if err != nil {
 			t.Fatalf("Take: %v", err)
 		}
@@ -434,14 +452,14 @@ func TestBreakerRatio(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newClock()
 			f := newFlaky(t, c.Now)
-			g := guard.New(f, guard.Options{Policy: guard.FailOpen, Now: c.Now})
+			g := mustNew(t, f, guard.Options{FailureMode: guard.FailOpen, Now: c.Now})
 			for _, call := range tt.pattern {
 				if call == 'f' {
 					f.set(errDown, false)
 				} else {
 					f.set(nil, false)
 				}
-				if _, err := g.Take(t.Context(), sluice.Request{Key: "k", Cost: 1, Limit: sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(100)}}); err != nil {
+				if _, err := g.Take(t.Context(), sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(100)}}); err != nil {
 					t.Fatal(err)
 				}
 				c.Advance(tt.gap)
@@ -461,9 +479,9 @@ func TestDeadline(t *testing.T) {
 		f := newFlaky(t, nil)
 		f.set(nil, true)
 		var rec recorder
-		g := guard.New(f, guard.Options{Policy: guard.FailClosed, Hooks: rec.hooks()})
+		g := mustNew(t, f, guard.Options{FailureMode: guard.FailClosed, Hooks: rec.hooks()})
 		start := time.Now()
-		d, err := g.Take(t.Context(), sluice.Request{Key: "k", Cost: 1, Limit: limit})
+		d, err := g.Take(t.Context(), sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit})
 		if took := time.Since(start); took != guard.DefaultTimeout {
 			t.Errorf("Take against a store that never answers took %v, want %v", took, guard.DefaultTimeout)
 		}
@@ -483,7 +501,7 @@ func TestDeadline(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
 		defer cancel()
 		for range 10 {
-			d, err = g.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: limit})
+			d, err = g.Take(ctx, sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit})
 			if !errors.Is(err, context.DeadlineExceeded) || d.Degraded {
 				t.Fatalf("Take past the caller's deadline = %+v, %v; want its error", d, err)
 			}
@@ -500,8 +518,8 @@ func TestOneProbe(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFlaky(t, nil)
 		f.set(errDown, false)
-		g := guard.New(f, guard.Options{Policy: guard.FailOpen, ConsecutiveFailures: 1})
-		req := sluice.Request{Key: "k", Cost: 1, Limit: limit}
+		g := mustNew(t, f, guard.Options{FailureMode: guard.FailOpen, ConsecutiveFailures: 1})
+		req := sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit}
 		g.Take(t.Context(), req) // opens the breaker
 		time.Sleep(guard.DefaultProbeInterval)
 		f.set(nil, true) // the store now hangs
@@ -539,8 +557,8 @@ func TestCanceledProbe(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFlaky(t, nil)
 		f.set(errDown, false)
-		g := guard.New(f, guard.Options{Policy: guard.FailOpen, ConsecutiveFailures: 1})
-		req := sluice.Request{Key: "k", Cost: 1, Limit: limit}
+		g := mustNew(t, f, guard.Options{FailureMode: guard.FailOpen, ConsecutiveFailures: 1})
+		req := sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit}
 		g.Take(t.Context(), req)
 		time.Sleep(guard.DefaultProbeInterval)
 		f.set(nil, true)
@@ -568,8 +586,8 @@ func TestPanickingProbe(t *testing.T) {
 	c := newClock()
 	f := newFlaky(t, c.Now)
 	f.set(errDown, false)
-	g := guard.New(panicky{f}, guard.Options{Policy: guard.FailOpen, ConsecutiveFailures: 1, Now: c.Now})
-	req := sluice.Request{Key: "k", Cost: 1, Limit: limit}
+	g := mustNew(t, panicky{f}, guard.Options{FailureMode: guard.FailOpen, ConsecutiveFailures: 1, Now: c.Now})
+	req := sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit}
 	g.Take(t.Context(), req)
 	c.Advance(guard.DefaultProbeInterval)
 	f.set(errPanic, false)
@@ -603,7 +621,7 @@ func (p panicky) Take(ctx context.Context, r sluice.Request) (sluice.Decision, e
 // TestPeek: a degraded Peek answers by the policy and consumes nothing.
 func TestPeek(t *testing.T) {
 	tests := []struct {
-		policy guard.Policy
+		policy guard.FailureMode
 		want   sluice.Decision
 	}{
 		{guard.FailOpen, sluice.Decision{Allowed: true, Limit: limit, Degraded: true}},
@@ -615,9 +633,9 @@ func TestPeek(t *testing.T) {
 			c := newClock()
 			f := newFlaky(t, c.Now)
 			f.set(errDown, false)
-			g := guard.New(f, guard.Options{Policy: tt.policy, LocalDivisor: 2, Now: c.Now})
+			g := mustNew(t, f, guard.Options{FailureMode: tt.policy, LocalDivisor: 2, Now: c.Now})
 			for range 3 {
-				got, err := g.Peek(t.Context(), "k", limit)
+				got, err := g.Peek(t.Context(), sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit})
 				if err != nil || got != tt.want {
 					t.Fatalf("Peek = %+v, %v; want %+v", got, err, tt.want)
 				}
@@ -635,8 +653,8 @@ func TestLocalRequestIDs(t *testing.T) {
 	c := newClock()
 	f := newFlaky(t, c.Now)
 	f.set(errDown, false)
-	g := guard.New(f, guard.Options{Now: c.Now})
-	r := sluice.Request{Key: "k", Cost: 4, Limit: limit, RequestID: "r1"}
+	g := mustNew(t, f, guard.Options{Now: c.Now})
+	r := sluice.Request{Policy: "test", Key: "k", Cost: 4, Limit: limit, RequestID: "r1"}
 	first, err := g.Take(t.Context(), r)
 	if err != nil {
 		t.Fatal(err)
@@ -660,14 +678,14 @@ func TestLocalFull(t *testing.T) {
 	c := newClock()
 	f := newFlaky(t, c.Now)
 	f.set(errDown, false)
-	g := guard.New(f, guard.Options{Now: c.Now, LocalMaxKeys: 2})
+	g := mustNew(t, f, guard.Options{Now: c.Now, LocalMaxKeys: 2})
 	l := sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
 	for _, k := range []string{"a", "b"} {
-		if d, err := g.Take(t.Context(), sluice.Request{Key: k, Cost: 1, Limit: l}); err != nil || !d.Allowed {
+		if d, err := g.Take(t.Context(), sluice.Request{Policy: "test", Key: k, Cost: 1, Limit: l}); err != nil || !d.Allowed {
 			t.Fatalf("Take(%s) = %+v, %v", k, d, err)
 		}
 	}
-	d, err := g.Take(t.Context(), sluice.Request{Key: "c", Cost: 1, Limit: l})
+	d, err := g.Take(t.Context(), sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: l})
 	if err != nil || d.Allowed || !d.Degraded {
 		t.Fatalf("Take(c) with the local table full = %+v, %v; want a degraded denial", d, err)
 	}
@@ -676,21 +694,21 @@ func TestLocalFull(t *testing.T) {
 	}
 }
 
-func TestParsePolicy(t *testing.T) {
-	for _, p := range []guard.Policy{guard.FailLocal, guard.FailClosed, guard.FailOpen} {
+func TestParseFailureMode(t *testing.T) {
+	for _, p := range []guard.FailureMode{guard.FailLocal, guard.FailClosed, guard.FailOpen} {
 		text, err := p.MarshalText()
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got guard.Policy
+		var got guard.FailureMode
 		if err := got.UnmarshalText(text); err != nil || got != p {
 			t.Errorf("UnmarshalText(%q) = %v, %v; want %v", text, got, err, p)
 		}
 	}
-	if _, err := guard.ParsePolicy("deny"); err == nil {
+	if _, err := guard.ParseFailureMode("deny"); err == nil {
 		t.Error(`ParsePolicy("deny") succeeded, want an error`)
 	}
-	if got := guard.New(nil, guard.Options{Policy: 9}).Policy(); got != guard.FailClosed {
-		t.Errorf("New with Policy 9: Policy() = %v, want closed", got)
+	if g, _ := guard.New(nil, guard.Options{FailureMode: 9}); g.FailureMode() != guard.FailClosed {
+		t.Errorf("New with FailureMode 9: FailureMode() = %v, want closed", g.FailureMode())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/exact"
 )
 
 // LocalLimit returns the share 1/n of l that one of n instances may allow on
@@ -22,7 +23,7 @@ func LocalLimit(l sluice.Limit, n int64) sluice.Limit {
 	}
 	out := sluice.Limit{Capacity: max(l.Capacity/n, 1), Rate: l.Rate}
 	if k := l.Rate.Tokens; k > 0 {
-		g := gcd(k, n)
+		g := int64(exact.GCD(uint64(k), uint64(n)))
 		if m := n / g; int64(l.Rate.Period) <= int64(sluice.MaxPeriod)/m {
 			out.Rate = sluice.Rate{Tokens: k / g, Period: l.Rate.Period * time.Duration(m)}
 		} else {
@@ -44,9 +45,9 @@ func (s *Store) decideLocally(ctx context.Context, op Op, r *sluice.Request) (sl
 		err error
 	)
 	if op == OpTake {
-		d, err = s.local.Take(ctx, sluice.Request{Key: r.Key, Cost: r.Cost, Limit: l, RequestID: r.RequestID})
+		d, err = s.local.Take(ctx, sluice.Request{Policy: r.Policy, Key: r.Key, Cost: r.Cost, Limit: l, RequestID: r.RequestID})
 	} else {
-		d, err = s.local.Peek(ctx, r.Key, l)
+		d, err = s.local.Peek(ctx, sluice.Request{Policy: r.Policy, Key: r.Key, Cost: r.Cost, Limit: l})
 	}
 	switch {
 	case errors.Is(err, sluice.ErrTooManyKeys):
@@ -56,11 +57,4 @@ func (s *Store) decideLocally(ctx context.Context, op Op, r *sluice.Request) (sl
 	}
 	d.Degraded = true
 	return d, nil
-}
-
-func gcd(a, b int64) int64 {
-	for b != 0 {
-		a, b = b, a%b
-	}
-	return a
 }

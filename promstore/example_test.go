@@ -23,9 +23,15 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	mem := memstore.New(memstore.Options{}) // stands for redisstore here
+	mem, err := memstore.New(memstore.Options{}) // stands for redisstore here
+	if err != nil {
+		panic(err)
+	}
 	defer mem.Close()
-	g := guard.New(mem, guard.Options{Policy: guard.FailClosed, Hooks: hooks})
+	g, err := guard.New(mem, guard.Options{FailureMode: guard.FailClosed, Hooks: hooks})
+	if err != nil {
+		panic(err)
+	}
 	store, err := promstore.New(g, reg, promstore.Options{})
 	if err != nil {
 		panic(err)
@@ -33,7 +39,7 @@ func Example() {
 
 	limit := sluice.Limit{Capacity: 2, Rate: sluice.Per(1, time.Minute)}
 	for range 3 {
-		store.Take(context.Background(), sluice.Request{Key: "user-1", Cost: 1, Limit: limit})
+		store.Take(context.Background(), sluice.Request{Policy: "test", Key: "user-1", Cost: 1, Limit: limit})
 	}
 	printNonZero(reg, "sluice_decisions_total", "sluice_breaker_state", "sluice_remaining_ratio")
 	// Output:

@@ -80,7 +80,7 @@ func GuardHooks(reg prometheus.Registerer, o Options) (guard.Hooks, error) {
 			}
 		},
 		Degraded: func(_ context.Context, d guard.Degradation) {
-			degraded.WithLabelValues(d.Policy.String(), o.kind(d.Cause)).Inc()
+			degraded.WithLabelValues(d.FailureMode.String(), o.kind(d.Cause)).Inc()
 		},
 		BreakerChange: func(from, to guard.BreakerState) {
 			stateGauges[from].Set(0)

@@ -25,7 +25,7 @@
 // Wire a guarded Redis store like this:
 //
 //	hooks, err := promstore.GuardHooks(reg, promstore.Options{})
-//	g := guard.New(redisStore, guard.Options{Policy: guard.FailLocal, LocalDivisor: 4, Hooks: hooks})
+//	g, err := guard.New(redisStore, guard.Options{FailureMode: guard.FailLocal, LocalDivisor: 4, Hooks: hooks})
 //	store, err := promstore.New(g, reg, promstore.Options{})
 //	err = redisprom.Register(reg, promstore.Options{}, redisStore.Stats)
 package promstore
@@ -338,9 +338,9 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 
 // Peek implements sluice.Store: it calls the wrapped store and records the
 // call.
-func (s *Store) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
+func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
 	start := time.Now()
-	d, err := s.next.Peek(ctx, key, l)
+	d, err := s.next.Peek(ctx, r)
 	s.record(guard.OpPeek, time.Since(start), d, err)
 	return d, err
 }

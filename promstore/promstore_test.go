@@ -54,18 +54,32 @@ func (s *switchable) Take(ctx context.Context, r sluice.Request) (sluice.Decisio
 	return s.Store.Take(ctx, r)
 }
 
-func (s *switchable) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
+func (s *switchable) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
 	if err := s.failure(); err != nil {
 		return sluice.Decision{}, err
 	}
-	return s.Store.Peek(ctx, key, l)
+	return s.Store.Peek(ctx, r)
 }
 
 func newMemstore(t *testing.T, o memstore.Options) *memstore.Store {
+	t.Helper()
 	o.SweepInterval = -1
-	s := memstore.New(o)
+	s, err := memstore.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// newGuard returns newGuard(t, store, o), failing t on an error.
+func newGuard(t *testing.T, store sluice.Store, o guard.Options) *guard.Store {
+	t.Helper()
+	g, err := guard.New(store, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
 }
 
 var limit = sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
@@ -92,7 +106,7 @@ func TestDecisions(t *testing.T) {
 	ms := newMemstore(t, memstore.Options{Now: c.Now})
 	sw := &switchable{Store: ms}
 	reg := prometheus.NewRegistry()
-	g := guard.New(sw, guard.Options{Policy: guard.FailOpen, Now: c.Now, ConsecutiveFailures: -1, FailurePercent: -1})
+	g := newGuard(t, sw, guard.Options{FailureMode: guard.FailOpen, Now: c.Now, ConsecutiveFailures: -1, FailurePercent: -1})
 	s, err := promstore.New(g, reg, promstore.Options{ConstLabels: prometheus.Labels{"limiter": "open"}})
 	if err != nil {
 		t.Fatal(err)
@@ -102,25 +116,25 @@ func TestDecisions(t *testing.T) {
 		t.Helper()
 		s.Take(ctx, r)
 	}
-	take(sluice.Request{Key: "a", Cost: 10, Limit: limit})                   // allowed
-	take(sluice.Request{Key: "a", Cost: 1, Limit: limit})                    // denied
-	take(sluice.Request{Key: "b", Cost: 4, Limit: limit, RequestID: "r"})    // allowed
-	take(sluice.Request{Key: "b", Cost: 4, Limit: limit, RequestID: "r"})    // allowed, replayed
-	take(sluice.Request{Key: "b", Cost: 11, Limit: limit})                   // error: invalid
-	take(sluice.Request{Key: "b", Cost: 5, Limit: limit, RequestID: "r"})    // error: conflict
-	s.Peek(ctx, "b", limit)                                                  // peek allowed
+	take(sluice.Request{Policy: "test", Key: "a", Cost: 10, Limit: limit})                   // allowed
+	take(sluice.Request{Policy: "test", Key: "a", Cost: 1, Limit: limit})                    // denied
+	take(sluice.Request{Policy: "test", Key: "b", Cost: 4, Limit: limit, RequestID: "r"})    // allowed
+	take(sluice.Request{Policy: "test", Key: "b", Cost: 4, Limit: limit, RequestID: "r"})    // allowed, replayed
+	take(sluice.Request{Policy: "test", Key: "b", Cost: 11, Limit: limit})                   // error: invalid
+	take(sluice.Request{Policy: "test", Key: "b", Cost: 5, Limit: limit, RequestID: "r"})    // error: conflict
+	s.Peek(ctx, sluice.Request{Policy: "test", Key: "b", Cost: 1, Limit: limit})                                                  // peek allowed
 	sw.set(errors.New("down"))                                               //
-	take(sluice.Request{Key: "c", Cost: 1, Limit: limit})                    // degraded allowed
-	s.Peek(ctx, "c", limit)                                                  // peek degraded allowed
+	take(sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: limit})                    // degraded allowed
+	s.Peek(ctx, sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: limit})                                                  // peek degraded allowed
 	canceled, cancel := context.WithCancel(ctx)                              //
 	cancel()                                                                 //
-	s.Take(canceled, sluice.Request{Key: "c", Cost: 1, Limit: limit})        // error: canceled
-	g2 := guard.New(sw, guard.Options{Policy: guard.FailClosed, Now: c.Now}) //
+	s.Take(canceled, sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: limit})        // error: canceled
+	g2 := newGuard(t, sw, guard.Options{FailureMode: guard.FailClosed, Now: c.Now}) //
 	s2, err := promstore.New(g2, reg, promstore.Options{ConstLabels: prometheus.Labels{"limiter": "closed"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s2.Take(ctx, sluice.Request{Key: "c", Cost: 1, Limit: limit}) // degraded denied
+	s2.Take(ctx, sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: limit}) // degraded denied
 
 	err = testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP sluice_decisions_total Decisions by operation (take, peek) and result (allowed, denied, degraded_allowed, degraded_denied, error).
@@ -175,15 +189,15 @@ sluice_replays_total{limiter="open"} 1
 func TestRemaining(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	sw := &switchable{Store: newMemstore(t, memstore.Options{})}
-	s, err := promstore.New(guard.New(sw, guard.Options{Policy: guard.FailOpen}), reg, promstore.Options{})
+	s, err := promstore.New(newGuard(t, sw, guard.Options{FailureMode: guard.FailOpen}), reg, promstore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, cost := range []int64{5, 4, 1, 1} { // remaining 5, 1, 0, denied (0)
-		s.Take(t.Context(), sluice.Request{Key: "k", Cost: cost, Limit: limit})
+		s.Take(t.Context(), sluice.Request{Policy: "test", Key: "k", Cost: cost, Limit: limit})
 	}
 	sw.set(errors.New("down"))
-	s.Take(t.Context(), sluice.Request{Key: "k", Cost: 1, Limit: limit}) // degraded: not observed
+	s.Take(t.Context(), sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit}) // degraded: not observed
 	err = testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP sluice_remaining_ratio Tokens remaining after a take decided by the store, as a fraction of the capacity.
 # TYPE sluice_remaining_ratio histogram
@@ -214,8 +228,8 @@ func TestGuardHooks(t *testing.T) {
 		t.Fatal(err)
 	}
 	sw := &switchable{Store: newMemstore(t, memstore.Options{Now: c.Now})}
-	g := guard.New(sw, guard.Options{Policy: guard.FailClosed, ConsecutiveFailures: 2, Now: c.Now, Hooks: hooks})
-	take := func() { g.Take(t.Context(), sluice.Request{Key: "k", Cost: 1, Limit: limit}) }
+	g := newGuard(t, sw, guard.Options{FailureMode: guard.FailClosed, ConsecutiveFailures: 2, Now: c.Now, Hooks: hooks})
+	take := func() { g.Take(t.Context(), sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit}) }
 	take()
 	sw.set(fmt.Errorf("redisstore: %w", &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}))
 	take()
@@ -352,7 +366,7 @@ func TestKind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Take(t.Context(), sluice.Request{Key: "k", Cost: 1, Limit: limit})
+	s.Take(t.Context(), sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit})
 	if got := promtest.Value(t, reg, "sluice_errors_total", map[string]string{"op": "take", "kind": "unavailable"}); got != 1 {
 		t.Errorf("errors_total{kind=unavailable} = %v with a custom Kind, want 1", got)
 	}
@@ -370,11 +384,11 @@ func TestMemstore(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, k := range []string{"a", "b", "c"} { // c: refused, or evicts a
-			s.Take(t.Context(), sluice.Request{Key: k, Cost: 1, Limit: l})
+			s.Take(t.Context(), sluice.Request{Policy: "test", Key: k, Cost: 1, Limit: l})
 		}
 	}
 	c.Advance(time.Second) // every bucket full again
-	refuse.Take(t.Context(), sluice.Request{Key: "d", Cost: 1, Limit: l})
+	refuse.Take(t.Context(), sluice.Request{Policy: "test", Key: "d", Cost: 1, Limit: l})
 	err := testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP sluice_memstore_buckets Buckets held by the in-memory store.
 # TYPE sluice_memstore_buckets gauge
@@ -405,7 +419,7 @@ func TestNoKeyLabels(t *testing.T) {
 		t.Fatal(err)
 	}
 	sw := &switchable{Store: newMemstore(t, memstore.Options{})}
-	g := guard.New(sw, guard.Options{Hooks: hooks})
+	g := newGuard(t, sw, guard.Options{Hooks: hooks})
 	s, err := promstore.New(g, reg, promstore.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -413,10 +427,10 @@ func TestNoKeyLabels(t *testing.T) {
 	if err := promstore.RegisterMemstore(reg, promstore.Options{}, g.LocalStats); err != nil {
 		t.Fatal(err)
 	}
-	s.Take(t.Context(), sluice.Request{Key: "first", Cost: 1, Limit: limit})
+	s.Take(t.Context(), sluice.Request{Policy: "test", Key: "first", Cost: 1, Limit: limit})
 	sw.set(errors.New("down"))
 	for range 10 { // fail, open the breaker, answer with it open
-		s.Take(t.Context(), sluice.Request{Key: "first", Cost: 1, Limit: limit})
+		s.Take(t.Context(), sluice.Request{Policy: "test", Key: "first", Cost: 1, Limit: limit})
 	}
 	before, err := testutil.GatherAndCount(reg)
 	if err != nil {
@@ -426,8 +440,8 @@ func TestNoKeyLabels(t *testing.T) {
 		if i == 2500 {
 			sw.set(nil)
 		}
-		s.Take(t.Context(), sluice.Request{Key: fmt.Sprint("user-", i), Cost: 1, Limit: limit})
-		s.Peek(t.Context(), fmt.Sprint("user-", i), limit)
+		s.Take(t.Context(), sluice.Request{Policy: "test", Key: fmt.Sprint("user-", i), Cost: 1, Limit: limit})
+		s.Peek(t.Context(), sluice.Request{Policy: "test", Key: fmt.Sprint("user-", i), Cost: 1, Limit: limit})
 	}
 	after, err := testutil.GatherAndCount(reg)
 	if err != nil {
