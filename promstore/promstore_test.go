@@ -116,20 +116,20 @@ func TestDecisions(t *testing.T) {
 		t.Helper()
 		s.Take(ctx, r)
 	}
-	take(sluice.Request{Policy: "test", Key: "a", Cost: 10, Limit: limit})                   // allowed
-	take(sluice.Request{Policy: "test", Key: "a", Cost: 1, Limit: limit})                    // denied
-	take(sluice.Request{Policy: "test", Key: "b", Cost: 4, Limit: limit, RequestID: "r"})    // allowed
-	take(sluice.Request{Policy: "test", Key: "b", Cost: 4, Limit: limit, RequestID: "r"})    // allowed, replayed
-	take(sluice.Request{Policy: "test", Key: "b", Cost: 11, Limit: limit})                   // error: invalid
-	take(sluice.Request{Policy: "test", Key: "b", Cost: 5, Limit: limit, RequestID: "r"})    // error: conflict
-	s.Peek(ctx, sluice.Request{Policy: "test", Key: "b", Cost: 1, Limit: limit})                                                  // peek allowed
-	sw.set(errors.New("down"))                                               //
-	take(sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: limit})                    // degraded allowed
-	s.Peek(ctx, sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: limit})                                                  // peek degraded allowed
-	canceled, cancel := context.WithCancel(ctx)                              //
-	cancel()                                                                 //
-	s.Take(canceled, sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: limit})        // error: canceled
-	g2 := newGuard(t, sw, guard.Options{FailureMode: guard.FailClosed, Now: c.Now}) //
+	take(sluice.Request{Policy: "test", Key: "a", Cost: 10, Limit: limit})                // allowed
+	take(sluice.Request{Policy: "test", Key: "a", Cost: 1, Limit: limit})                 // denied
+	take(sluice.Request{Policy: "test", Key: "b", Cost: 4, Limit: limit, RequestID: "r"}) // allowed
+	take(sluice.Request{Policy: "test", Key: "b", Cost: 4, Limit: limit, RequestID: "r"}) // allowed, replayed
+	take(sluice.Request{Policy: "test", Key: "b", Cost: 11, Limit: limit})                // error: invalid
+	take(sluice.Request{Policy: "test", Key: "b", Cost: 5, Limit: limit, RequestID: "r"}) // error: conflict
+	s.Peek(ctx, sluice.Request{Policy: "test", Key: "b", Cost: 1, Limit: limit})          // peek allowed
+	sw.set(errors.New("down"))                                                            //
+	take(sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: limit})                 // degraded allowed
+	s.Peek(ctx, sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: limit})          // peek degraded allowed
+	canceled, cancel := context.WithCancel(ctx)                                           //
+	cancel()                                                                              //
+	s.Take(canceled, sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: limit})     // error: canceled
+	g2 := newGuard(t, sw, guard.Options{FailureMode: guard.FailClosed, Now: c.Now})       //
 	s2, err := promstore.New(g2, reg, promstore.Options{ConstLabels: prometheus.Labels{"limiter": "closed"}})
 	if err != nil {
 		t.Fatal(err)
