@@ -15,6 +15,10 @@ import (
 	"github.com/sluicehq/sluice/memstore"
 )
 
+// simulatePolicy is the policy name of a simulation's buckets: one limit,
+// one quota.
+const simulatePolicy = "simulate"
+
 // simulate replays a trace read from stdin and prints one decision a line,
 // then a summary per key.
 func simulate(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -35,7 +39,10 @@ func simulate(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 
 	start := time.Unix(0, 0)
 	now := start
-	store := memstore.New(memstore.Options{Now: func() time.Time { return now }, SweepInterval: -1})
+	store, err := memstore.New(memstore.Options{Now: func() time.Time { return now }, SweepInterval: -1})
+	if err != nil {
+		return err
+	}
 	defer store.Close()
 
 	type tally struct{ allowed, denied, errors, cost int64 }
@@ -57,7 +64,7 @@ func simulate(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 			return fmt.Errorf("trace line %d: %w", line, err)
 		}
 		now = start.Add(offset)
-		d, err := store.Take(ctx, sluice.Request{Key: key, Cost: cost, Limit: limit})
+		d, err := store.Take(ctx, sluice.Request{Policy: simulatePolicy, Key: key, Cost: cost, Limit: limit})
 		t := tallies[key]
 		if t == nil {
 			t = &tally{}
