@@ -38,7 +38,7 @@ func TestConcurrentOneKeyDatabaseClock(t *testing.T) {
 		wg.Go(func() {
 			var rem []int64
 			for range takes {
-				d, err := s.Take(ctx, sluice.Request{Key: "hot", Cost: 1, Limit: l})
+				d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "hot", Cost: 1, Limit: l})
 				if err != nil {
 					mu.Lock()
 					errs = append(errs, err)
@@ -72,7 +72,7 @@ func TestConcurrentOneKeyDatabaseClock(t *testing.T) {
 			t.Fatalf("allowed takes saw Remaining %d twice or not at all", i)
 		}
 	}
-	d, err := s.Peek(ctx, "hot", l)
+	d, err := s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: "hot", Cost: 1, Limit: l})
 	if err != nil || d.Allowed || d.Remaining != 0 {
 		t.Fatalf("Peek(%q) = %+v, %v; want a denial with 0 remaining", "hot", d, err)
 	}
@@ -88,7 +88,7 @@ func TestConcurrentRequestIDNewKey(t *testing.T) {
 	ctx := context.Background()
 	for k := range keys {
 		key := "new" + strconv.Itoa(k)
-		r := sluice.Request{Key: key, Cost: 7, Limit: l, RequestID: "same"}
+		r := sluice.Request{Policy: testPolicy, Key: key, Cost: 7, Limit: l, RequestID: "same"}
 		ds := make([]sluice.Decision, callers)
 		errs := make([]error, callers)
 		var wg sync.WaitGroup
@@ -114,7 +114,7 @@ func TestConcurrentRequestIDNewKey(t *testing.T) {
 				t.Fatalf("key %q: a replay %+v differs from the decision %+v", key, d, first[0])
 			}
 		}
-		if d, err := s.Peek(ctx, key, l); err != nil || d.Remaining != 93 {
+		if d, err := s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: l}); err != nil || d.Remaining != 93 {
 			t.Fatalf("Peek(%q) = %+v, %v; want 93 remaining (the cost taken once)", key, d, err)
 		}
 	}

@@ -14,6 +14,9 @@ import (
 	"github.com/sluicehq/sluice/pgstore"
 )
 
+// testPolicy is the policy of the tests' requests, unless a test says otherwise.
+const testPolicy = "api"
+
 var testLimit = sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
 
 // TestUnreachable: a database that does not answer is ErrUnavailable from
@@ -39,12 +42,14 @@ func TestUnreachable(t *testing.T) {
 		call func() (sluice.Decision, error)
 	}{
 		{"Take", func() (sluice.Decision, error) {
-			return s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: testLimit})
+			return s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit})
 		}},
 		{"Take with request ID", func() (sluice.Decision, error) {
-			return s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: testLimit, RequestID: "r"})
+			return s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit, RequestID: "r"})
 		}},
-		{"Peek", func() (sluice.Decision, error) { return s.Peek(ctx, "k", testLimit) }},
+		{"Peek", func() (sluice.Decision, error) {
+			return s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit})
+		}},
 		{"Sweep", func() (sluice.Decision, error) { _, err := s.Sweep(ctx); return sluice.Decision{}, err }},
 	}
 	for _, c := range calls {
@@ -59,7 +64,7 @@ func TestUnreachable(t *testing.T) {
 		})
 	}
 	// Parameters are checked before the database is asked.
-	if _, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 11, Limit: testLimit}); !errors.Is(err, sluice.ErrInvalidCost) {
+	if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 11, Limit: testLimit}); !errors.Is(err, sluice.ErrInvalidCost) {
 		t.Fatalf("Take(cost 11 > capacity 10) = %v; want %v", err, sluice.ErrInvalidCost)
 	}
 }
@@ -92,7 +97,7 @@ func TestTimeouts(t *testing.T) {
 			}
 			defer pool.Close()
 			s, table := newStoreOn(t, pool, pgstore.Options{StatementTimeout: tt.statement, LockTimeout: tt.lock})
-			if _, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 3, Limit: testLimit}); err != nil {
+			if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 3, Limit: testLimit}); err != nil {
 				t.Fatal(err)
 			}
 			before, _ := readRow(t, table, "k")
@@ -106,7 +111,7 @@ func TestTimeouts(t *testing.T) {
 			}
 			for i := range uint64(2) {
 				start := time.Now()
-				d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: testLimit})
+				d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit})
 				elapsed := time.Since(start)
 				var pe *pgconn.PgError
 				if !errors.Is(err, pgstore.ErrUnavailable) || !errors.As(err, &pe) || pe.Code != tt.code {
@@ -143,7 +148,7 @@ func TestNotMigrated(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	_, err = s.Take(context.Background(), sluice.Request{Key: "k", Cost: 1, Limit: testLimit})
+	_, err = s.Take(context.Background(), sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit})
 	if !errors.Is(err, pgstore.ErrUnavailable) || !strings.Contains(err.Error(), "run Migrate") {
 		t.Fatalf("Take before Migrate = %v; want %v saying to run Migrate", err, pgstore.ErrUnavailable)
 	}
@@ -155,10 +160,10 @@ func TestCanceledContext(t *testing.T) {
 	s := newStore(t, pgstore.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: testLimit}); !errors.Is(err, context.Canceled) {
+	if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Take with a canceled context = %v; want %v", err, context.Canceled)
 	}
-	if _, err := s.Peek(ctx, "k", testLimit); !errors.Is(err, context.Canceled) {
+	if _, err := s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Peek with a canceled context = %v; want %v", err, context.Canceled)
 	}
 }
@@ -176,7 +181,7 @@ func TestIsolation(t *testing.T) {
 	}
 	defer pool.Close()
 	s, _ := newStoreOn(t, pool, pgstore.Options{})
-	_, err = s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: testLimit})
+	_, err = s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit})
 	if !errors.Is(err, pgstore.ErrUnavailable) || !strings.Contains(err.Error(), "READ COMMITTED") {
 		t.Fatalf("Take at SERIALIZABLE = %v; want %v saying READ COMMITTED", err, pgstore.ErrUnavailable)
 	}

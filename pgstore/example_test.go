@@ -32,7 +32,7 @@ func Example() {
 
 	limit := sluice.Limit{Capacity: 5, Rate: sluice.Per(1, time.Minute)}
 	for range 2 {
-		d, err := store.Take(ctx, sluice.Request{Key: "user-42", Cost: 3, Limit: limit})
+		d, err := store.Take(ctx, sluice.Request{Policy: testPolicy, Key: "user-42", Cost: 3, Limit: limit})
 		if errors.Is(err, pgstore.ErrUnavailable) {
 			// No decision: the database is down or timed out. Apply a
 			// failure policy; this is not a denial.

@@ -38,7 +38,7 @@ func TestLockWaits(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			s, table := newStoreTable(t, pgstore.Options{StatementTimeout: time.Minute, LockTimeout: time.Minute})
-			r := sluice.Request{Key: "k", Cost: 1, Limit: testLimit}
+			r := sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}
 			if !tt.missing {
 				// Creating the bucket, then taking from it unhindered,
 				// waits for nothing.
@@ -48,7 +48,7 @@ func TestLockWaits(t *testing.T) {
 					}
 				}
 			}
-			if _, err := s.Take(ctx, sluice.Request{Key: "other", Cost: 1, Limit: testLimit}); err != nil {
+			if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "other", Cost: 1, Limit: testLimit}); err != nil {
 				t.Fatal(err)
 			}
 			if st := s.Stats(); st.LockWaits != 0 || st.LockWaitSeconds != 0 || st.LockTimeouts != 0 {

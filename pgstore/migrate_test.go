@@ -71,7 +71,7 @@ func TestMigrateIdempotent(t *testing.T) {
 			t.Errorf("after Migrate, no %q in the catalog:\n%s", want, strings.Join(first, "\n"))
 		}
 	}
-	d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 4, Limit: testLimit, RequestID: "r"})
+	d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 4, Limit: testLimit, RequestID: "r"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestMigrateIdempotent(t *testing.T) {
 	if diff := cmp.Diff(first, catalog(t, schema, "Buckets")); diff != "" {
 		t.Errorf("Migrate again changed the catalog (-first +again):\n%s", diff)
 	}
-	got, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 4, Limit: testLimit, RequestID: "r"})
+	got, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 4, Limit: testLimit, RequestID: "r"})
 	if want := replayed(d); err != nil || got != want {
 		t.Fatalf("retry after Migrate = %+v, %v; want %+v", got, err, want)
 	}
@@ -184,7 +184,7 @@ func TestLongestNames(t *testing.T) {
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
-	if d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: testLimit}); err != nil || !d.Allowed {
+	if d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}); err != nil || !d.Allowed {
 		t.Fatalf("Take = %+v, %v", d, err)
 	}
 	objs := catalog(t, schema, table)
@@ -276,7 +276,7 @@ func TestMigrateFromVersion1(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	r := sluice.Request{Key: "k", Cost: 4, Limit: sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}, RequestID: "r"}
+	r := sluice.Request{Policy: testPolicy, Key: "k", Cost: 4, Limit: sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}, RequestID: "r"}
 	if _, err := s.Take(ctx, r); !errors.Is(err, pgstore.ErrUnavailable) || !strings.Contains(err.Error(), "run Migrate") {
 		t.Fatalf("Take on a version 1 schema = %v; want %v saying to run Migrate", err, pgstore.ErrUnavailable)
 	}

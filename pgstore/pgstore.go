@@ -37,6 +37,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/bucket"
 )
 
 // Errors of this package, besides the sluice sentinels for bad parameters.
@@ -87,7 +88,7 @@ type Options struct {
 	// OnLimitChange converts a bucket's level when a request arrives with
 	// a limit other than the one it was last decided under. Default
 	// sluice.KeepTokens. Processes sharing a table should agree on it.
-	OnLimitChange sluice.ChangePolicy
+	OnLimitChange sluice.Conversion
 	// RequestIDTTL is how long the first decision of a request ID is
 	// remembered, rounded up to whole microseconds. Default
 	// DefaultRequestIDTTL (5 minutes).
@@ -295,7 +296,7 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	if err := r.Validate(); err != nil {
 		return sluice.Decision{}, err
 	}
-	p, err := sluice.NewPlan(r.Limit, time.Microsecond)
+	p, err := bucket.NewPlan(r.Limit, time.Microsecond)
 	if err != nil {
 		return sluice.Decision{}, err
 	}
@@ -356,11 +357,12 @@ const (
 // Peek implements sluice.Store: the bucket of key as a take of cost 1 under
 // l would see it, converted if it was last decided under another limit. It
 // locks, writes and creates nothing. Errors are those of Take.
-func (s *Store) Peek(ctx context.Context, key string, l sluice.Limit) (sluice.Decision, error) {
-	if err := sluice.ValidateKey(key); err != nil {
+func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := r.ValidatePeek(); err != nil {
 		return sluice.Decision{}, err
 	}
-	p, err := sluice.NewPlan(l, time.Microsecond)
+	key, l := r.Key, r.Limit
+	p, err := bucket.NewPlan(l, time.Microsecond)
 	if err != nil {
 		return sluice.Decision{}, err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/pgstore"
 	"github.com/sluicehq/sluice/sluicetest"
 	"pgregory.net/rapid"
@@ -54,17 +55,17 @@ func readRow(t tb, table, key string) (row, bool) {
 	return r, true
 }
 
-// refBucket is a bucket of the Go reference: sluice.Plan at a tick of 1µs,
+// refBucket is a bucket of the Go reference: bucket.Plan at a tick of 1µs,
 // driven the way memstore drives it.
 type refBucket struct {
-	plan  sluice.Plan
-	state sluice.State
+	plan  bucket.Plan
+	state bucket.State
 }
 
 // refTake is the reference transition for a take (no request ID) at tick
 // now (µs since the Unix epoch) on b, which is nil for a missing bucket.
-func refTake(b *refBucket, now int64, cost int64, l sluice.Limit, policy sluice.ChangePolicy) (*refBucket, sluice.Decision) {
-	p, err := sluice.NewPlan(l, time.Microsecond)
+func refTake(b *refBucket, now int64, cost int64, l sluice.Limit, policy sluice.Conversion) (*refBucket, sluice.Decision) {
+	p, err := bucket.NewPlan(l, time.Microsecond)
 	if err != nil {
 		panic(err)
 	}
@@ -94,22 +95,22 @@ func rowOf(b *refBucket) row {
 // edges of the bounds.
 func limitGen() *rapid.Generator[sluice.Limit] { return sluicetest.Limits(time.Microsecond) }
 
-// TestPlanDifferential drives one key of the store and sluice.Plan with the
+// TestPlanDifferential drives one key of the store and bucket.Plan with the
 // same random takes, limit changes and clock moves (forwards by up to 100
 // years, and backwards), and requires after every take the same decision
 // and, in the table, exactly the Plan's state (tokens, frac, stamp), limit
 // and full_at (Plan.FullAt): the SQL is the Plan at a tick of 1µs.
 func TestPlanDifferential(t *testing.T) {
 	clock := sluicetest.NewClock(epoch)
-	stores := map[sluice.ChangePolicy]*pgstore.Store{}
-	tables := map[sluice.ChangePolicy]string{}
-	for _, p := range []sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens} {
+	stores := map[sluice.Conversion]*pgstore.Store{}
+	tables := map[sluice.Conversion]string{}
+	for _, p := range []sluice.Conversion{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens} {
 		stores[p], tables[p] = newStoreTable(t, pgstore.Options{Now: clock.Now, OnLimitChange: p})
 	}
 	ctx := context.Background()
 	n := 0
 	rapid.Check(t, func(rt *rapid.T) {
-		policy := rapid.SampledFrom([]sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "policy")
+		policy := rapid.SampledFrom([]sluice.Conversion{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "policy")
 		s, table := stores[policy], tables[policy]
 		n++
 		key := "k" + strconv.Itoa(n) // a fresh bucket per check
@@ -132,7 +133,7 @@ func TestPlanDifferential(t *testing.T) {
 			cost := rapid.OneOf(rapid.Int64Range(1, min(l.Capacity, 5)), rapid.Int64Range(1, l.Capacity)).Draw(rt, "cost")
 			var want sluice.Decision
 			b, want = refTake(b, now.UnixMicro(), cost, l, policy)
-			got, err := s.Take(ctx, sluice.Request{Key: key, Cost: cost, Limit: l})
+			got, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: cost, Limit: l})
 			if err != nil {
 				rt.Fatalf("step %d: Take(%q, %d, %v): %v", i, key, cost, l, err)
 			}

@@ -84,7 +84,7 @@ func TestServerRestart(t *testing.T) {
 				default:
 				}
 				k := rng.IntN(keys)
-				r := sluice.Request{Key: fmt.Sprint("key", k), Cost: 1, Limit: l}
+				r := sluice.Request{Policy: testPolicy, Key: fmt.Sprint("key", k), Cost: 1, Limit: l}
 				if i%3 == 0 {
 					r.RequestID = fmt.Sprintf("w%d-%d", w, i)
 				}

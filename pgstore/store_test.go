@@ -29,7 +29,7 @@ func TestDatabaseClock(t *testing.T) {
 	var last int64
 	for i := range 3 {
 		before := dbMicros(t)
-		d, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: l})
+		d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l})
 		after := dbMicros(t)
 		if err != nil || !d.Allowed {
 			t.Fatalf("Take %d = %+v, %v", i, d, err)
@@ -55,20 +55,20 @@ func TestPeekCreatesNothing(t *testing.T) {
 	s, table := newStoreTable(t, pgstore.Options{Now: clock.Now})
 	ctx := context.Background()
 	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(2)}
-	d, err := s.Peek(ctx, "missing", l)
+	d, err := s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: "missing", Cost: 1, Limit: l})
 	if want := (sluice.Decision{Allowed: true, Remaining: 10, Limit: l}); err != nil || d != want {
 		t.Fatalf("Peek(missing) = %+v, %v; want %+v", d, err, want)
 	}
 	if _, ok := readRow(t, table, "missing"); ok {
 		t.Fatalf("Peek created a row for a missing key")
 	}
-	if _, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 6, Limit: l}); err != nil {
+	if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 6, Limit: l}); err != nil {
 		t.Fatal(err)
 	}
 	before, _ := readRow(t, table, "k")
 	clock.Set(epoch.Add(time.Second))
 	other := sluice.Limit{Capacity: 3, Rate: sluice.PerSecond(1)}
-	d, err = s.Peek(ctx, "k", other)
+	d, err = s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: other})
 	// 4 + 2 = 6 tokens, kept and clamped to 3: full under the new limit.
 	if want := (sluice.Decision{Allowed: true, Remaining: 3, Limit: other}); err != nil || d != want {
 		t.Fatalf("Peek(k, %v) = %+v, %v; want %+v", other, d, err, want)
@@ -86,7 +86,7 @@ func TestReplayAfterSweep(t *testing.T) {
 	s, table := newStoreTable(t, pgstore.Options{Now: clock.Now, RequestIDTTL: time.Minute})
 	ctx := context.Background()
 	l := sluice.Limit{Capacity: 5, Rate: sluice.PerSecond(1)}
-	r := sluice.Request{Key: "k", Cost: 5, Limit: l, RequestID: "charge-1"}
+	r := sluice.Request{Policy: testPolicy, Key: "k", Cost: 5, Limit: l, RequestID: "charge-1"}
 	first, err := s.Take(ctx, r)
 	if want := (sluice.Decision{Allowed: true, Remaining: 0, ResetAfter: 5 * time.Second, Limit: l}); err != nil || first != want {
 		t.Fatalf("Take = %+v, %v; want %+v", first, err, want)
@@ -102,7 +102,7 @@ func TestReplayAfterSweep(t *testing.T) {
 	if _, ok := readRow(t, table, "k"); ok {
 		t.Fatalf("the replay left a bucket row")
 	}
-	if _, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 4, Limit: l, RequestID: "charge-1"}); err == nil {
+	if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 4, Limit: l, RequestID: "charge-1"}); err == nil {
 		t.Fatalf("the same request ID with another cost was not a conflict")
 	}
 	clock.Set(epoch.Add(time.Minute))

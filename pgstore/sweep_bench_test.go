@@ -150,7 +150,7 @@ func sweepRound(b *testing.B, pool *pgxpool.Pool, keys, decisions int, sweeping 
 	// full 100ms later; clone its row 200,000 times.
 	shift.Store(int64(-time.Hour))
 	small := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)}
-	if _, err := s.Take(ctx, sluice.Request{Key: "template", Cost: 1, Limit: small}); err != nil {
+	if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "template", Cost: 1, Limit: small}); err != nil {
 		b.Fatal(err)
 	}
 	shift.Store(0)
@@ -228,7 +228,7 @@ func sweepRound(b *testing.B, pool *pgxpool.Pool, keys, decisions int, sweeping 
 				inSweep := sweeping && !sweepDone.Load()
 				key := "k" + strconv.FormatInt(i%int64(keys), 10)
 				t0 := time.Now()
-				if _, err := s.Take(ctx, sluice.Request{Key: key, Cost: 1, Limit: l}); err != nil {
+				if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: l}); err != nil {
 					b.Error(err)
 					return
 				}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/pgstore"
 	"github.com/sluicehq/sluice/sluicetest"
 	"pgregory.net/rapid"
@@ -62,17 +63,17 @@ func readTables(t tb, table string) (map[string]row, []idRow) {
 }
 
 // fullAt reports whether the bucket r is full at tick now (µs) and its
-// stamp is not after now, computed with sluice.Plan from the row's state:
+// stamp is not after now, computed with bucket.Plan from the row's state:
 // exactly the buckets a sweep at now may delete without changing any later
 // decision at now or after.
 func fullAt(t tb, r row, now int64) bool {
 	t.Helper()
 	l := sluice.Limit{Capacity: r.Capacity, Rate: sluice.Per(r.RateTokens, time.Duration(r.PeriodMicros)*time.Microsecond)}
-	p, err := sluice.NewPlan(l, time.Microsecond)
+	p, err := bucket.NewPlan(l, time.Microsecond)
 	if err != nil {
 		t.Fatalf("row %+v has an invalid limit: %v", r, err)
 	}
-	st := p.Refill(sluice.State{Tokens: r.Tokens, Frac: uint64(r.Frac), Stamp: r.Stamp}, now)
+	st := p.Refill(bucket.State{Tokens: r.Tokens, Frac: uint64(r.Frac), Stamp: r.Stamp}, now)
 	return r.Stamp <= now && st.Tokens == l.Capacity
 }
 
@@ -86,14 +87,14 @@ type sweepPair struct {
 // stores receive the same random takes (several keys, limits that refill
 // fast, slowly or never, limit changes, request IDs, clock steps back);
 // one of them is swept once at a chosen instant. Exactly the buckets that
-// are full at that instant (by sluice.Plan's arithmetic on their stored
+// are full at that instant (by bucket.Plan's arithmetic on their stored
 // state) and the request IDs that have expired are gone; every other row is
 // unchanged; and from then on, with time moving forwards, both stores make
 // the same decisions, including replays and limit changes.
 func TestSweepRemovesFullBucketsOnly(t *testing.T) {
 	clock := sluicetest.NewClock(epoch)
-	pairs := map[sluice.ChangePolicy]*sweepPair{}
-	for _, policy := range []sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens} {
+	pairs := map[sluice.Conversion]*sweepPair{}
+	for _, policy := range []sluice.Conversion{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens} {
 		o := pgstore.Options{Now: clock.Now, OnLimitChange: policy, RequestIDTTL: time.Second}
 		p := &sweepPair{}
 		p.kept, p.keptTable = newStoreTable(t, o)
@@ -113,7 +114,7 @@ func TestSweepRemovesFullBucketsOnly(t *testing.T) {
 	})
 	var total, totalKept pgstore.Swept
 	rapid.Check(t, func(rt *rapid.T) {
-		policy := rapid.SampledFrom([]sluice.ChangePolicy{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "policy")
+		policy := rapid.SampledFrom([]sluice.Conversion{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "policy")
 		p := pairs[policy]
 		for _, table := range []string{p.sweptTable, p.keptTable} {
 			if _, err := testPool.Exec(ctx, "DELETE FROM "+qualified(table)+"; DELETE FROM "+qualified(table+"_request_ids")); err != nil {
@@ -136,14 +137,14 @@ func TestSweepRemovesFullBucketsOnly(t *testing.T) {
 				using[key] = l
 			}
 			if rapid.IntRange(0, 4).Draw(rt, "peek (0)") == 0 {
-				want, werr := p.kept.Peek(ctx, key, l)
-				got, err := p.swept.Peek(ctx, key, l)
+				want, werr := p.kept.Peek(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: l})
+				got, err := p.swept.Peek(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: l})
 				if err != nil || werr != nil || got != want {
 					rt.Fatalf("%s step %d: Peek(%q, %v) = %+v, %v; the unswept store's %+v, %v", phase, i, key, l, got, err, want, werr)
 				}
 				return
 			}
-			r := sluice.Request{Key: key, Limit: l,
+			r := sluice.Request{Policy: testPolicy, Key: key, Limit: l,
 				Cost: rapid.Int64Range(1, l.Capacity).Draw(rt, "cost")}
 			if rapid.Bool().Draw(rt, "request ID") {
 				r.RequestID = "r" + strconv.Itoa(rapid.IntRange(0, 2).Draw(rt, "request ID"))
@@ -181,7 +182,7 @@ func TestSweepRemovesFullBucketsOnly(t *testing.T) {
 		for key, r := range before {
 			full := fullAt(rt, r, sweepAt)
 			if full != (r.FullAt <= sweepAt) {
-				rt.Fatalf("bucket %q = %+v: full at %d is %v by sluice.Plan, but full_at says %v", key, r, sweepAt, full, !full)
+				rt.Fatalf("bucket %q = %+v: full at %d is %v by bucket.Plan, but full_at says %v", key, r, sweepAt, full, !full)
 			}
 			if !full {
 				wantRows[key] = r
@@ -238,12 +239,12 @@ func TestSweeper(t *testing.T) {
 	defer s.Close()
 	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)}
 	for i := range 5 {
-		if _, err := s.Take(ctx, sluice.Request{Key: "full" + strconv.Itoa(i), Cost: 10, Limit: l, RequestID: "r"}); err != nil {
+		if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "full" + strconv.Itoa(i), Cost: 10, Limit: l, RequestID: "r"}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	never := sluice.Limit{Capacity: 10, Rate: sluice.Per(0, time.Second)}
-	if _, err := s.Take(ctx, sluice.Request{Key: "never", Cost: 1, Limit: never}); err != nil {
+	if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "never", Cost: 1, Limit: never}); err != nil {
 		t.Fatal(err)
 	}
 	clock.Set(epoch.Add(time.Second)) // the five are full, the IDs expired
@@ -270,7 +271,7 @@ func TestSweeper(t *testing.T) {
 	}
 	// Closed: nothing is swept any more.
 	for i := range 3 {
-		if _, err := s.Take(ctx, sluice.Request{Key: "late" + strconv.Itoa(i), Cost: 1, Limit: l}); err != nil {
+		if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "late" + strconv.Itoa(i), Cost: 1, Limit: l}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -298,7 +299,7 @@ func TestSweepPause(t *testing.T) {
 		t.Helper()
 		clock.Set(epoch)
 		for i := range n {
-			if _, err := paced.Take(ctx, sluice.Request{Key: "k" + strconv.Itoa(i), Cost: 10, Limit: l}); err != nil {
+			if _, err := paced.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k" + strconv.Itoa(i), Cost: 10, Limit: l}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -374,7 +375,7 @@ func TestSweepSessionSettings(t *testing.T) {
 	clock := sluicetest.NewClock(epoch)
 	s, _ := newStoreOn(t, pool, pgstore.Options{Now: clock.Now, SweepBatch: 1, SweepPauseRatio: -1})
 	for i := range 3 {
-		if _, err := s.Take(ctx, sluice.Request{Key: "k" + strconv.Itoa(i), Cost: 1, Limit: testLimit}); err != nil {
+		if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k" + strconv.Itoa(i), Cost: 1, Limit: testLimit}); err != nil {
 			t.Fatal(err)
 		}
 	}
