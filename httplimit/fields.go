@@ -2,6 +2,7 @@ package httplimit
 
 import (
 	"math"
+	"net/http"
 	"math/bits"
 	"strconv"
 	"time"
@@ -162,4 +163,24 @@ func mulDiv(a, b, c uint64, up bool) (uint64, bool) {
 		q++ // at most 2^63: no wrap
 	}
 	return q, q <= math.MaxInt64
+}
+
+// SetFields sets the RateLimit-Policy and RateLimit fields of h for decision
+// d of the named policy, as the middleware does, and Retry-After when d is a
+// denial with a wait that can end. It is for servers that decide with a
+// sluice.Store themselves and answer in their own format (the Sluice
+// service's HTTP API). policy must be a valid policy name
+// (sluice.ValidatePolicy).
+func SetFields(h http.Header, policy string, d sluice.Decision) {
+	quoted := quoteString(policy)
+	var retryAfter int64
+	if !d.Allowed {
+		if s, ok := retryAfterSeconds(d.RetryAfter); ok {
+			retryAfter = s
+			h.Set(HeaderRetryAfter, strconv.FormatInt(s, 10))
+		}
+	}
+	var buf [128]byte
+	h.Set(HeaderRateLimitPolicy, string(appendPolicyField(buf[:0], quoted, d.Limit)))
+	h.Set(HeaderRateLimit, string(appendLimitField(buf[:0], quoted, d, d.Limit, retryAfter)))
 }
