@@ -2,8 +2,8 @@ package httplimit
 
 import (
 	"math"
-	"net/http"
 	"math/bits"
+	"net/http"
 	"strconv"
 	"time"
 
