@@ -1,0 +1,462 @@
+// Package httpapi is the HTTP JSON API of the Sluice service: it decodes a
+// request, asks the service core, and encodes the decision. It decides
+// nothing itself.
+//
+//	POST /v1/take        {"policy","key","cost","request_id"} → a decision
+//	POST /v1/peek        {"policy","key","cost"}              → a decision, nothing taken
+//	POST /v1/take:batch  {"requests":[...]}                   → {"results":[...]}, in order
+//	GET  /v1/status      the config version and the policies
+//	GET  /healthz        the process is up
+//	GET  /readyz         the config is loaded and the store answers
+//
+// Every decision is answered 200, allowed or denied, with the IETF
+// RateLimit-Policy and RateLimit fields; a degraded denial (the store could
+// not be asked and the failure mode denies) is 503 with a problem body, never
+// 429: an outage is not a quota. Bad input is 400 with an
+// application/problem+json body naming the field, an unknown policy 404, a
+// request ID reused with another cost 409, a body over the limit 413, and a
+// missing or wrong bearer token 401.
+package httpapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/service"
+)
+
+// Defaults of the zero Options.
+const (
+	DefaultMaxBodyBytes = 64 << 10
+	DefaultMaxBatch     = 1000
+)
+
+// Options configure a Handler. The zero value of each field means its
+// documented default.
+type Options struct {
+	// Tokens are the accepted bearer tokens; none means no authentication.
+	// They are compared in constant time and never logged.
+	Tokens []string
+	// MaxBodyBytes bounds a request body (a batch may be MaxBatch times
+	// larger). Default DefaultMaxBodyBytes (64 KiB).
+	MaxBodyBytes int64
+	// MaxBatch bounds the requests of one batch. Default DefaultMaxBatch.
+	MaxBatch int
+	// Ready reports whether the service can decide (config loaded, store
+	// reachable); /readyz answers 503 with its error. Nil: always ready.
+	Ready func(ctx context.Context) error
+	// Logger receives one line per request that failed for a reason other
+	// than the client's input (store errors). Default: discard.
+	Logger *slog.Logger
+}
+
+// Handler serves the HTTP JSON API. Create one with New.
+type Handler struct {
+	core     *service.Core
+	tokens   [][sha256.Size]byte
+	maxBody  int64
+	maxBatch int
+	ready    func(context.Context) error
+	log      *slog.Logger
+	mux      *http.ServeMux
+}
+
+// New returns a Handler for core. The error wraps sluice.ErrInvalidOption.
+func New(core *service.Core, o Options) (*Handler, error) {
+	if core == nil {
+		return nil, fmt.Errorf("%w: core is nil", sluice.ErrInvalidOption)
+	}
+	h := &Handler{core: core, maxBody: o.MaxBodyBytes, maxBatch: o.MaxBatch, ready: o.Ready, log: o.Logger}
+	switch {
+	case h.maxBody == 0:
+		h.maxBody = DefaultMaxBodyBytes
+	case h.maxBody < 0:
+		return nil, fmt.Errorf("%w: MaxBodyBytes %d is negative", sluice.ErrInvalidOption, h.maxBody)
+	}
+	switch {
+	case h.maxBatch == 0:
+		h.maxBatch = DefaultMaxBatch
+	case h.maxBatch < 0:
+		return nil, fmt.Errorf("%w: MaxBatch %d is negative", sluice.ErrInvalidOption, h.maxBatch)
+	}
+	for i, t := range o.Tokens {
+		if t == "" {
+			return nil, fmt.Errorf("%w: bearer token %d is empty", sluice.ErrInvalidOption, i+1)
+		}
+		h.tokens = append(h.tokens, sha256.Sum256([]byte(t)))
+	}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	routes := []struct {
+		method, path string
+		handler      http.HandlerFunc
+	}{
+		{"POST", "/v1/take", h.auth(h.take)},
+		{"POST", "/v1/peek", h.auth(h.peek)},
+		{"POST", "/v1/take:batch", h.auth(h.batch)},
+		{"GET", "/v1/status", h.auth(h.status)},
+		{"GET", "/healthz", func(w http.ResponseWriter, r *http.Request) { writeText(w, http.StatusOK, "ok\n") }},
+		{"GET", "/readyz", h.readyz},
+	}
+	mux := http.NewServeMux()
+	methods := make(map[string]string, len(routes))
+	for _, rt := range routes {
+		mux.HandleFunc(rt.method+" "+rt.path, rt.handler)
+		methods[rt.path] = rt.method
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if m, ok := methods[r.URL.Path]; ok {
+			w.Header().Set("Allow", m)
+			writeProblem(w, http.StatusMethodNotAllowed, problem{Title: "method not allowed", Detail: fmt.Sprintf("%s takes %s, not %s", r.URL.Path, m, r.Method)})
+			return
+		}
+		writeProblem(w, http.StatusNotFound, problem{Title: "no such endpoint", Detail: fmt.Sprintf("%s %s is not an endpoint of this API", r.Method, r.URL.Path)})
+	})
+	h.mux = mux
+	return h, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// auth wraps next with the bearer-token check, when tokens are configured.
+func (h *Handler) auth(next http.HandlerFunc) http.HandlerFunc {
+	if len(h.tokens) == 0 {
+		return next
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !h.authorized(r.Header.Get("Authorization")) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
+			writeProblem(w, http.StatusUnauthorized, problem{Title: "missing or wrong bearer token"})
+			return
+		}
+		next(w, r)
+	}
+}
+
+// authorized compares the bearer token of an Authorization value with every
+// configured token, in time that depends on neither.
+func (h *Handler) authorized(value string) bool {
+	token, ok := strings.CutPrefix(value, "Bearer ")
+	if !ok || token == "" {
+		return false
+	}
+	sum := sha256.Sum256([]byte(token))
+	match := 0
+	for i := range h.tokens {
+		match |= subtle.ConstantTimeCompare(sum[:], h.tokens[i][:])
+	}
+	return match == 1
+}
+
+// decisionRequest is the body of /v1/take and /v1/peek, and one item of a
+// batch.
+type decisionRequest struct {
+	Policy    string `json:"policy"`
+	Key       string `json:"key"`
+	Cost      *int64 `json:"cost"`
+	RequestID string `json:"request_id"`
+}
+
+// decisionBody is a decision as JSON.
+type decisionBody struct {
+	Allowed   bool  `json:"allowed"`
+	Remaining int64 `json:"remaining"`
+	// RetryAfterMS is the wait in milliseconds, rounded up; null with
+	// Never true when waiting cannot help.
+	RetryAfterMS *int64 `json:"retry_after_ms"`
+	// ResetAfterMS is the wait until full, rounded up; null if the bucket
+	// never refills.
+	ResetAfterMS *int64 `json:"reset_after_ms"`
+	Never        bool   `json:"never"`
+	Policy       string `json:"policy"`
+	Limit        string `json:"limit"`
+	Replayed     bool   `json:"replayed"`
+	Degraded     bool   `json:"degraded"`
+	ShadowDenied bool   `json:"shadow_denied,omitempty"`
+}
+
+func (h *Handler) take(w http.ResponseWriter, r *http.Request) {
+	var req decisionRequest
+	if !h.decode(w, r, h.maxBody, &req) {
+		return
+	}
+	sr, field, err := serviceRequest(req, true)
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, problem{Title: "invalid request", Detail: err.Error(), Field: field})
+		return
+	}
+	res, err := h.core.Take(r.Context(), sr)
+	h.answer(w, r, res, err)
+}
+
+func (h *Handler) peek(w http.ResponseWriter, r *http.Request) {
+	var req decisionRequest
+	if !h.decode(w, r, h.maxBody, &req) {
+		return
+	}
+	sr, field, err := serviceRequest(req, false)
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, problem{Title: "invalid request", Detail: err.Error(), Field: field})
+		return
+	}
+	res, err := h.core.Peek(r.Context(), sr)
+	h.answer(w, r, res, err)
+}
+
+// batchRequest is the body of /v1/take:batch.
+type batchRequest struct {
+	Requests []decisionRequest `json:"requests"`
+}
+
+// batchItem is one result of a batch: a decision or a problem.
+type batchItem struct {
+	*decisionBody
+	Error *problem `json:"error,omitempty"`
+}
+
+func (h *Handler) batch(w http.ResponseWriter, r *http.Request) {
+	var req batchRequest
+	if !h.decode(w, r, h.maxBody*int64(h.maxBatch), &req) {
+		return
+	}
+	if n := len(req.Requests); n == 0 || n > h.maxBatch {
+		writeProblem(w, http.StatusBadRequest, problem{Title: "invalid request", Field: "requests",
+			Detail: fmt.Sprintf("a batch holds 1 to %d requests, got %d", h.maxBatch, n)})
+		return
+	}
+	out := struct {
+		Results []batchItem `json:"results"`
+	}{Results: make([]batchItem, len(req.Requests))}
+	for i, item := range req.Requests {
+		sr, field, err := serviceRequest(item, true)
+		if err != nil {
+			out.Results[i].Error = &problem{Title: "invalid request", Status: http.StatusBadRequest, Detail: err.Error(), Field: fmt.Sprintf("requests[%d].%s", i, field)}
+			continue
+		}
+		res, err := h.core.Take(r.Context(), sr)
+		if err != nil {
+			status, p := h.errorProblem(r, err)
+			p.Status = status
+			out.Results[i].Error = &p
+			continue
+		}
+		body := encodeDecision(res)
+		out.Results[i].decisionBody = &body
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// status answers the config version and the policies.
+func (h *Handler) status(w http.ResponseWriter, r *http.Request) {
+	t := h.core.Table()
+	type policy struct {
+		Name   string `json:"name"`
+		Limit  string `json:"limit"`
+		Shadow bool   `json:"shadow"`
+	}
+	out := struct {
+		Version  string   `json:"version"`
+		Policies []policy `json:"policies"`
+	}{Version: t.Version(), Policies: []policy{}}
+	for _, p := range t.Policies() {
+		out.Policies = append(out.Policies, policy{Name: p.Name, Limit: p.Limit.String(), Shadow: p.Shadow})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
+	if h.ready != nil {
+		if err := h.ready(r.Context()); err != nil {
+			writeText(w, http.StatusServiceUnavailable, "not ready: "+err.Error()+"\n")
+			return
+		}
+	}
+	writeText(w, http.StatusOK, "ready\n")
+}
+
+// decode reads a JSON body of at most limit bytes into v, strictly (unknown
+// fields and trailing data are errors), answering the problem itself when
+// it cannot.
+func (h *Handler) decode(w http.ResponseWriter, r *http.Request, limit int64, v any) bool {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		writeProblem(w, http.StatusUnsupportedMediaType, problem{Title: "unsupported content type", Detail: fmt.Sprintf("content type %q is not application/json", ct)})
+		return false
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && dec.More() {
+		err = errors.New("data after the JSON object")
+	}
+	if err == nil {
+		if _, extra := dec.Token(); extra != io.EOF {
+			err = errors.New("data after the JSON object")
+		}
+	}
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeProblem(w, http.StatusRequestEntityTooLarge, problem{Title: "request body too large", Detail: fmt.Sprintf("the body is over %d bytes", tooLarge.Limit)})
+			return false
+		}
+		p := problem{Title: "invalid JSON body", Detail: err.Error()}
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			p.Field = typeErr.Field
+			p.Detail = fmt.Sprintf("field %q must be a JSON %s, not %s", typeErr.Field, typeErr.Type, typeErr.Value)
+		}
+		writeProblem(w, http.StatusBadRequest, p)
+		return false
+	}
+	return true
+}
+
+// serviceRequest checks the fields the core cannot and builds its request:
+// the cost is 1 when left out, and a peek takes no request ID. field names
+// the field that was wrong.
+func serviceRequest(req decisionRequest, take bool) (r service.Request, field string, err error) {
+	switch {
+	case req.Policy == "":
+		return r, "policy", errors.New(`"policy" is missing: name the policy of the bucket`)
+	case req.Key == "":
+		return r, "key", errors.New(`"key" is missing or empty`)
+	case !take && req.RequestID != "":
+		return r, "request_id", errors.New(`a peek takes no "request_id": it consumes nothing`)
+	}
+	r = service.Request{Policy: req.Policy, Key: req.Key, Cost: 1, RequestID: req.RequestID}
+	if req.Cost != nil {
+		r.Cost = *req.Cost
+	}
+	return r, "", nil
+}
+
+// answer writes the decision or the error of one take or peek.
+func (h *Handler) answer(w http.ResponseWriter, r *http.Request, res service.Result, err error) {
+	if err != nil {
+		status, p := h.errorProblem(r, err)
+		writeProblem(w, status, p)
+		return
+	}
+	setFields(w.Header(), res)
+	if res.Degraded && !res.Allowed {
+		if s, ok := retryAfterSeconds(res.RetryAfter); ok {
+			w.Header().Set("Retry-After", strconv.FormatInt(s, 10))
+		}
+		writeProblem(w, http.StatusServiceUnavailable, problem{
+			Type:   problemReducedCapacity,
+			Title:  "the limiter cannot reach its store and denies while it is down",
+			Policy: res.Policy.Name,
+		})
+		return
+	}
+	writeJSON(w, http.StatusOK, encodeDecision(res))
+}
+
+// errorProblem maps a core error to a status and a problem.
+func (h *Handler) errorProblem(r *http.Request, err error) (int, problem) {
+	p := problem{Title: "request failed", Detail: err.Error()}
+	switch {
+	case errors.Is(err, service.ErrUnknownPolicy):
+		p.Title, p.Field = "unknown policy", "policy"
+		return http.StatusNotFound, p
+	case errors.Is(err, sluice.ErrRequestIDConflict):
+		p.Title, p.Field = "request ID reused with another cost", "request_id"
+		return http.StatusConflict, p
+	case errors.Is(err, sluice.ErrInvalidKey):
+		p.Title, p.Field = "invalid key", "key"
+		return http.StatusBadRequest, p
+	case errors.Is(err, sluice.ErrInvalidCost):
+		p.Title, p.Field = "invalid cost", "cost"
+		return http.StatusBadRequest, p
+	case errors.Is(err, sluice.ErrInvalidRequestID):
+		p.Title, p.Field = "invalid request ID", "request_id"
+		return http.StatusBadRequest, p
+	case errors.Is(err, sluice.ErrInvalidPolicy):
+		p.Title, p.Field = "invalid policy name", "policy"
+		return http.StatusBadRequest, p
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		p.Title = "the request ended before a decision"
+		return http.StatusServiceUnavailable, p
+	case errors.Is(err, sluice.ErrTooManyKeys):
+		p.Title = "the store holds its maximum number of keys and refuses new ones"
+		h.log.Warn("decision failed", "path", r.URL.Path, "error", err)
+		return http.StatusServiceUnavailable, p
+	case sluice.IsUnavailable(err):
+		p.Title = "the limiter's store is unavailable"
+		h.log.Warn("decision failed", "path", r.URL.Path, "error", err)
+		return http.StatusServiceUnavailable, p
+	}
+	// ErrMisconfigured, ErrInvalidLimit from a store, or anything else: a
+	// fault of the deployment, not of the request.
+	p.Title = "the limiter failed"
+	h.log.Error("decision failed", "path", r.URL.Path, "error", err)
+	return http.StatusInternalServerError, p
+}
+
+// encodeDecision turns a result into its JSON body.
+func encodeDecision(res service.Result) decisionBody {
+	b := decisionBody{
+		Allowed:      res.Allowed,
+		Remaining:    res.Remaining,
+		Policy:       res.Policy.Name,
+		Limit:        res.Decision.Limit.String(),
+		Replayed:     res.Replayed,
+		Degraded:     res.Degraded,
+		ShadowDenied: res.ShadowDenied,
+	}
+	if res.RetryAfter == sluice.Never {
+		b.Never = true
+	} else {
+		ms := ceilMillis(res.RetryAfter)
+		b.RetryAfterMS = &ms
+	}
+	if res.ResetAfter != sluice.Never {
+		ms := ceilMillis(res.ResetAfter)
+		b.ResetAfterMS = &ms
+	}
+	return b
+}
+
+// ceilMillis returns d in whole milliseconds, rounded up: a wait is never
+// reported shorter than it is.
+func ceilMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d-1)/time.Millisecond) + 1
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		writeProblem(w, http.StatusInternalServerError, problem{Title: "encoding the answer failed"})
+		return
+	}
+	body = append(body, '\n')
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	w.Write(body) //nolint:errcheck // the client is gone; nothing to do
+}
+
+func writeText(w http.ResponseWriter, status int, text string) {
+	h := w.Header()
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("Content-Length", strconv.Itoa(len(text)))
+	w.WriteHeader(status)
+	io.WriteString(w, text) //nolint:errcheck // the client is gone
+}
