@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -181,20 +182,79 @@ func group(batch []*pending, anyKey bool) []*shared {
 }
 
 // settle gives each member of a shared call its decision: its five values
-// of the reply, or the call's error.
+// of the reply, the error of its own bucket (a "foreign" entry: that bucket
+// holds a value Sluice did not write, and the others were decided), or the
+// call's error.
 func (g *shared) settle() {
 	if len(g.members) == 1 {
 		return // the member's own command ran
 	}
 	reply, err := g.cmd.Slice()
-	if err == nil && len(reply) != 5*len(g.members) {
-		err = &ScriptError{err: fmt.Errorf("reply of %d values to %d takes", len(reply), len(g.members))}
+	if err == nil && len(reply) != replyLen*len(g.members) {
+		err = scriptErrorf("reply of %d values to %d takes", len(reply), len(g.members))
 	}
 	for i, p := range g.members {
 		if err != nil {
 			p.cmd.SetErr(err)
 			continue
 		}
-		p.cmd.SetVal(reply[5*i : 5*i+5])
+		one := reply[replyLen*i : replyLen*i+replyLen]
+		if one[0] == kindForeign {
+			p.cmd.SetErr(scriptErrorf("%v", one[1]))
+			continue
+		}
+		p.cmd.SetVal(one)
 	}
+}
+
+// Positions in the arguments of a script command built by Store.run.
+const (
+	argKeys = 3 // the first key
+	// With one key:
+	argOp   = 4
+	argCost = 7
+	argN    = 8 // the number of arguments
+)
+
+// shareID returns, for a take without a request ID sent by EVALSHA, what
+// identifies the takes that may share one script call with it: its
+// arguments but the cost (the limit, the time argument and the settings)
+// and, unless anyKey, the bucket. Other commands share nothing.
+func shareID(args []any, anyKey bool) (string, bool) {
+	if len(args) != argN || args[0] != "evalsha" || args[2] != 1 || args[argOp] != "take" {
+		return "", false
+	}
+	b := make([]byte, 0, 128)
+	for i, a := range args[argKeys:] {
+		if i := argKeys + i; i == argCost || (i == argKeys && anyKey) {
+			continue
+		}
+		switch a := a.(type) {
+		case string:
+			b = append(b, a...)
+		case int64:
+			b = strconv.AppendInt(b, a, 10)
+		default:
+			b = fmt.Append(b, a)
+		}
+		b = append(b, 0)
+	}
+	return string(b), true
+}
+
+// sharedArgs returns the arguments of one "takes" script call for the
+// takes of args, each a take that shareID accepted with the same identity.
+func sharedArgs(args [][]any) []any {
+	first := args[0]
+	out := make([]any, 0, argN+2*len(args))
+	out = append(out, first[0], first[1], len(args))
+	for _, a := range args {
+		out = append(out, a[argKeys])
+	}
+	out = append(out, "takes")
+	out = append(out, first[argOp+1:]...)
+	for _, a := range args[1:] {
+		out = append(out, a[argCost])
+	}
+	return out
 }

@@ -1,5 +1,5 @@
 -- Sluice: one token-bucket decision, atomically. The transition is
--- sluice.Plan at a tick of 1 microsecond (docs/internals.md); this script
+-- bucket.Plan at a tick of 1 microsecond (docs/internals.md); this script
 -- must reproduce it bit for bit. docs/redis.md explains the layout.
 --
 -- KEYS[1]  the bucket
@@ -11,13 +11,13 @@
 --          nothing)
 -- ARGV[2]  now: "redis" (read Redis TIME) or microseconds since 2020-01-01Z
 -- ARGV[3]  the spec: the limit and the store's settings, 38 bytes,
---          struct.pack(SPEC, C, n, P, n', p', policy, ttl):
+--          struct.pack(SPEC, C, n, P, n', p', conv, ttl):
 --            C       capacity                        [1, 2^40]
 --            n       rate tokens                     [0, 2^40]
 --            P       rate period, microseconds       [1, 366 days]
 --            n'      n / gcd(n, P)                   (0 when n = 0)
 --            p'      P / gcd(n, P)                   (1 when n = 0), C * p' < 2^52
---            policy  on a limit change: 0 keep, 1 scale, 2 reset
+--            conv    on a limit change: 0 keep, 1 scale, 2 reset
 --            ttl     least TTL of a written key, ms  [0, 2^53)
 -- ARGV[4]  cost                                    [1, C]
 -- ARGV[5]  "take" with KEYS[2] only: request-ID memory, microseconds
@@ -45,9 +45,20 @@
 -- 1/b from one, so floor(a/b) is the true quotient q, and a - q*b is exact.
 -- a - a % b is then a multiple of b, and dividing it by b is exact too.
 --
+-- Waits count from now, as bucket.Plan's do. A bucket is refilled only
+-- from its stamp, which stays put when now is before it (a clock that
+-- stepped back), so a wait is the time from the stamp until the level
+-- covers the cost (or the capacity), plus ahead = stamp - now; a zero wait
+-- stays zero and never stays never. The wait from the stamp is below
+-- C * p' < 2^52 and ahead below 2^53 (both times are), so the sum is below
+-- 1.5 * 2^53: exact while below 2^53, and sent as its decimal digits,
+-- computed in two parts, when not (a clock more than 142 years behind a
+-- stamp). Only the general path meets a stamp after now.
+--
 -- A denial on Redis TIME of a bucket stored under the same spec writes
 -- nothing (see the fast path below); every other decision but "peek" writes
--- each bucket it read.
+-- each bucket it read. Only an allowed take with a request ID writes its
+-- record: a denial took nothing, so its retry decides afresh.
 --
 -- Bucket value:  the spec it was written under, then 20 bytes,
 --                struct.pack('<I6I7I7', tokens, frac, stamp): the level
@@ -59,10 +70,15 @@
 --                per number, more than the rest of a decision.
 -- Record value:  "at cost C n P allowed remaining retry reset", waits in
 --                microseconds or "n" (never).
--- Reply:         {"ok" | "replay", allowed (0|1), remaining, retry, reset}
---                per cost, as integers, with waits in microseconds or -1
---                (never), or
+-- Reply:         {kind, allowed (0|1), remaining, retry, reset} per cost,
+--                with kind "ok", "conv" (the take converted a bucket stored
+--                under another limit, which the store counts) or "replay",
+--                and the waits in microseconds, -1 for never, as integers
+--                (as text from 2^53 on); or
 --                {"conflict", cost, C, n, P} of the request ID's first use.
+--                In a "takes" reply the takes of a bucket whose value
+--                Sluice did not write are {"foreign", message, 0, 0, 0},
+--                and the other takes are decided.
 --
 -- Every EVALSHA call runs this whole chunk afresh: each local function is
 -- created anew on every call, and each function call, like each operation
@@ -72,7 +88,7 @@
 -- written out in place; the general path after it (request IDs, several
 -- takes, a bucket converted to a new limit or stamped after now, and every
 -- error message) creates its functions only when it runs. The two paths
--- compute the same transition, and the tests hold both to sluice.Plan.
+-- compute the same transition, and the tests hold both to bucket.Plan.
 
 -- Little-endian unsigned integers of 6, 7 and 1 bytes: C, n, n' <= 2^40,
 -- P, p' < 2^45 and tokens <= C fit 6; frac < 2^52 and stamp, ttl < 2^53
@@ -123,9 +139,11 @@ local spec = argv[3]
 if #spec ~= 38 then
   error({err = 'ERR sluice: spec of ' .. #spec .. ' bytes, want 38'})
 end
-local first = redis.call('GET', KEYS[1])
+-- A value of another type under the key is an error table, which no
+-- path but the general one takes, and which it reports.
+local first = redis.pcall('GET', KEYS[1])
 local same = first and #first == 58 and string.find(first, spec, 1, true) == 1
-local C, n, P, n1, p1, policy, least, tokens, frac, stamp =
+local C, n, P, n1, p1, conv, least, tokens, frac, stamp =
   struct.unpack(same and BUCKET or SPEC, same and first or spec)
 local specOK = same and op ~= 'takes'
 if not specOK then
@@ -135,7 +153,7 @@ if not specOK then
   -- fraction units of a stored bucket are counted on that grid: x % y == 0
   -- is exact (see above), and so is Euclid's algorithm.
   specOK = C >= 1 and C <= 1099511627776 and n <= 1099511627776 and P >= 1 and P <= 31622400000000 and
-    n1 <= n and p1 >= 1 and p1 <= P and policy <= 2 and least < 9007199254740992 and
+    n1 <= n and p1 >= 1 and p1 <= P and conv <= 2 and least < 9007199254740992 and
     C * p1 < 4503599627370496
   if specOK then
     if n == 0 then
@@ -173,7 +191,7 @@ if now and single and specOK and (not first or same and
     cost = 0
   end
   if cost >= 1 and cost <= C then
-    -- The refill is sluice.Plan.Refill: (now - stamp) * n' units, capped
+    -- The refill is bucket.Plan.Refill: (now - stamp) * n' units, capped
     -- at full, which D = (C - tokens) * p' - frac < C * p' < 2^52 units
     -- away. The product may be inexact only at 2^52 or more, above D, so
     -- the comparison is exact, and below D so is the sum.
@@ -276,7 +294,7 @@ if not specOK then
   within('rate period', P, 1, MAX_PERIOD)
   within('reduced rate tokens', n1, 0, n)
   within('reduced rate period', p1, 1, P)
-  within('limit-change policy', policy, 0, 2)
+  within('limit-change conversion', conv, 0, 2)
   within('least TTL', least, 0, TWO53 - 1)
   if C * p1 >= TWO52 then
     fail(format('capacity %d times reduced period %d is 2^52 or more: Redis cannot decide this limit exactly', C, p1))
@@ -309,9 +327,9 @@ local function level(c, n0, P0, a, b, _, ttl, t, f, s)
   return t, f, s, c, a, b, n0, P0
 end
 
--- wait returns the microseconds, rounded up, until the level tokens +
--- frac/p' reaches target at n' units a microsecond: 0 if it has, -1 if it
--- never does (n' = 0); as on the fast path.
+-- wait returns the microseconds, rounded up, from the stamp until the
+-- level tokens + frac/p' reaches target at n' units a microsecond: 0 if it
+-- has, -1 if it never does (n' = 0); as on the fast path. Below 2^52.
 local function wait(t, f, target)
   if t >= target then return 0 end
   if n1 == 0 then return -1 end
@@ -319,12 +337,27 @@ local function wait(t, f, target)
   return (x - x % n1) / n1 + 1
 end
 
+-- fromNow returns the wait w, measured from a stamp ahead microseconds
+-- after now, measured from now: w + ahead, unless w is 0 or -1 (never).
+-- w < 2^52 and ahead < 2^53, so a sum of 2^53 or more, which a double may
+-- not hold, is made of both terms split at 10^8 and returned as decimal
+-- text.
+local function fromNow(w, ahead)
+  if w <= 0 or ahead == 0 then return w end
+  local sum = w + ahead
+  if sum < TWO53 then return sum end
+  local wl, al = w % 100000000, ahead % 100000000
+  local hi, lo = (w - wl) / 100000000 + (ahead - al) / 100000000, wl + al
+  if lo >= 100000000 then hi, lo = hi + 1, lo - 100000000 end
+  return format('%d%08d', hi, lo)
+end
+
 -- The first bucket, if stored under the spec, is checked and brought up to
 -- date before anything else: its numbers were unpacked above, before the
--- fast path.
+-- fast path. ("takes" checks each bucket apart, below.)
 local T1, F1, S1
-if same then
-  T1, F1, S1 = level(C, n, P, n1, p1, policy, least, tokens, frac, stamp)
+if same and op ~= 'takes' then
+  T1, F1, S1 = level(C, n, P, n1, p1, conv, least, tokens, frac, stamp)
 end
 
 -- The cost, or the costs of "takes", each in [1, C].
@@ -336,7 +369,8 @@ if op == 'takes' then
   end
 end
 
--- A remembered request ID: the same decision again, or a conflict.
+-- A remembered request ID: the same decision again, or a conflict. Only
+-- allowed decisions are remembered.
 local idTTL
 if withID then
   idTTL = int('request-ID memory', argv[5], 1, TWO53 - 1)
@@ -353,7 +387,13 @@ if withID then
         if not (retry == 'n' or string.find(retry, '^%d+$')) or not (reset == 'n' or string.find(reset, '^%d+$')) then
           fail('request-ID key holds a value sluice did not write')
         end
-        return {'replay', ok + 0, rem + 0, retry == 'n' and -1 or retry + 0, reset == 'n' and -1 or reset + 0}
+        -- Waits of 2^53 or more stay text.
+        local function w(x)
+          if x == 'n' then return -1 end
+          if #x < 16 then return x + 0 end
+          return x
+        end
+        return {'replay', ok + 0, rem + 0, w(retry), w(reset)}
       end
       return {'conflict', rcost, rC, rn, rP}
     end
@@ -381,12 +421,17 @@ local function muldiv(x, y, z)
   return q
 end
 
--- load returns the bucket value stored brought up to date: a missing one is
--- full, stamped now; one stored under another limit is converted to the
--- request's (one under the request's spec has its limit).
+-- load returns the bucket value stored (a string, false if missing, or
+-- the error table of a GET of another type) brought up to date: a missing
+-- one is full, stamped now; one stored under another limit is converted to
+-- the request's (one under the request's spec has its limit), and load then
+-- also returns true.
 local function load(stored)
   if not stored then
-    return C, 0, now
+    return C, 0, now, false
+  end
+  if type(stored) == 'table' then
+    fail('bucket key holds a value sluice did not write: ' .. tostring(stored.err))
   end
   if #stored ~= 58 then
     fail('bucket key holds a value sluice did not write')
@@ -396,14 +441,14 @@ local function load(stored)
     if a0 ~= n1 or b0 ~= p1 then
       fail('bucket key holds a rate reduced otherwise')
     end
-    return t0, f0, stamp
+    return t0, f0, stamp, false
   end
   -- Another limit: refilled under the old one by level, then converted,
   -- rounding down; a bucket full under the old limit is full under the new.
   local t, f
-  if t0 >= C0 or policy == 2 then
+  if t0 >= C0 or conv == 2 then
     t, f = C, 0
-  elseif policy == 1 then
+  elseif conv == 1 then
     -- floor(U * C*p' / (C0*b0)) units of 1/p' with U = t0*b0 + f0 <
     -- C0*b0 < 2^52, and below C*p' < 2^52.
     local u = muldiv(t0 * b0 + f0, C * p1, C0 * b0)
@@ -417,29 +462,39 @@ local function load(stored)
   if t >= C then
     t, f = C, 0
   end
-  return t, f, stamp
+  return t, f, stamp, true
 end
 
 -- Every bucket read and checked before the first write (K lists the keys
 -- in the order first met, at[key] indexes their levels); a key met again
 -- continues from the level the takes before left. W[j] says whether the
 -- bucket must be written: not after a denial on Redis TIME of a bucket
--- stored under the spec, as on the fast path.
-local K, at, T, F, S, R, W = {}, {}, {}, {}, {}, {}, {}
+-- stored under the spec, as on the fast path. CV[j] says whether it was
+-- converted, which the first take of it reports. In "takes" a bucket whose
+-- value load refuses gets E[j], the message, for each of its takes, and is
+-- neither decided nor written; elsewhere the error ends the call.
+local K, at, T, F, S, R, W, CV, E = {}, {}, {}, {}, {}, {}, {}, {}, {}
 for i = 1, #costs do
   local key = KEYS[i]
   if not at[key] then
     local j = #K + 1
     local stored, sameJ = first, same
     if j > 1 then
-      stored = redis.call('GET', key)
-      sameJ = stored and #stored == 58 and string.find(stored, spec, 1, true) == 1
+      stored = redis.pcall('GET', key)
+      sameJ = type(stored) == 'string' and #stored == 58 and string.find(stored, spec, 1, true) == 1
     end
     K[j], at[key] = key, j
-    if j == 1 and same then
-      T[j], F[j], S[j] = T1, F1, S1
+    if j == 1 and same and op ~= 'takes' then
+      T[j], F[j], S[j], CV[j] = T1, F1, S1, false
+    elseif op == 'takes' then
+      local ok, t, f, s, cv = pcall(load, stored)
+      if ok then
+        T[j], F[j], S[j], CV[j] = t, f, s, cv
+      else
+        E[j] = type(t) == 'table' and t.err or tostring(t)
+      end
     else
-      T[j], F[j], S[j] = load(stored)
+      T[j], F[j], S[j], CV[j] = load(stored)
     end
     W[j] = not (redisTime and sameJ)
   end
@@ -447,19 +502,26 @@ end
 local reply = {}
 for i = 1, #costs do
   local j = at[KEYS[i]]
-  local t, f, c = T[j], F[j], costs[i]
-  local allowed = t >= c
-  if allowed and op ~= 'peek' then
-    t = t - c
-  end
-  local retry = 0
-  if not allowed then
-    retry = wait(t, f, c)
-  end
-  T[j], R[j], W[j] = t, wait(t, f, C), W[j] or allowed
   local r = 5 * (i - 1)
-  reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] =
-    'ok', allowed and 1 or 0, t, retry, R[j]
+  if E[j] then
+    W[j] = false
+    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] = 'foreign', E[j], 0, 0, 0
+  else
+    local t, f, c = T[j], F[j], costs[i]
+    local allowed = t >= c
+    if allowed and op ~= 'peek' then
+      t = t - c
+    end
+    local retry = 0
+    if not allowed then
+      retry = wait(t, f, c)
+    end
+    T[j], R[j], W[j] = t, wait(t, f, C), W[j] or allowed
+    local ahead = S[j] - now
+    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] =
+      CV[j] and 'conv' or 'ok', allowed and 1 or 0, t, fromNow(retry, ahead), fromNow(R[j], ahead)
+    CV[j] = false
+  end
 end
 if op == 'peek' then
   return reply
@@ -483,9 +545,15 @@ for j = 1, #K do
     end
   end
 end
-if withID then
-  local rec = format('%d %s %d %d %d %d %d %s %s', now, argv[4], C, n, P,
-    reply[2], reply[3], reply[4] >= 0 and format('%d', reply[4]) or 'n', reply[5] >= 0 and format('%d', reply[5]) or 'n')
+-- An allowed take with a request ID is remembered; a denial is not (it
+-- took nothing, so its retry decides afresh). An allowed take waits for
+-- nothing, and its wait until full, if text (2^53 or more), stays text.
+if withID and reply[2] == 1 then
+  local reset = reply[5]
+  if type(reset) ~= 'string' then
+    reset = reset >= 0 and format('%d', reset) or 'n'
+  end
+  local rec = format('%d %s %d %d %d 1 %d 0 %s', now, argv[4], C, n, P, reply[3], reset)
   local r = idTTL % 1000
   local ttl = (idTTL - r) / 1000 + 1
   if r > 0 then ttl = ttl + 1 end

@@ -47,7 +47,7 @@ func TestClusterSlotMigration(t *testing.T) {
 			slots := map[int64]bool{}
 			for i := range keys {
 				keys[i] = fmt.Sprint("user-", i)
-				slot, err := c.ClusterKeySlot(ctx, s.bucketKey(keys[i])).Result()
+				slot, err := c.ClusterKeySlot(ctx, s.bucketKey(testPolicy, keys[i])).Result()
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -31,7 +31,7 @@ func TestConformance(t *testing.T) {
 						})
 					},
 					Tick:     time.Microsecond,
-					Supports: CheckLimit,
+					Supports: checkLimit,
 					// 64 workers as in production-like contention; fewer takes
 					// than in memory, each being a round trip.
 					Workers:        64,

@@ -17,8 +17,13 @@ func Example() {
 	// In a program:
 	//
 	//	client := redis.NewClient(&redis.Options{
-	//		Addr:       "127.0.0.1:6379",
-	//		MaxRetries: -1, // a reply lost after the script ran must not charge twice
+	//		Addr:                  "127.0.0.1:6379",
+	//		ContextTimeoutEnabled: true,                   // required: the caller's deadline bounds each call
+	//		MaxRetries:            -1,                     // no retries for other commands on this client
+	//		DialerRetries:         1,                      // one dial attempt, not 5 with 100 ms pauses
+	//		DialTimeout:           200 * time.Millisecond, // a dial without a deadline
+	//		ReadTimeout:           time.Second,            // bounds batched pipelines, which have no deadline
+	//		WriteTimeout:          time.Second,
 	//	})
 	//
 	// Here, the tests' server.
@@ -35,20 +40,31 @@ func Example() {
 	for range 3 {
 		d, err := store.Take(ctx, sluice.Request{Policy: "api", Key: "user-42", Cost: 4, Limit: limit})
 		if err != nil {
-			panic(err) // Redis unreachable: apply the service's failure policy
+			panic(err) // sluice.IsUnavailable(err): apply the service's failure policy
 		}
 		fmt.Println(d.Allowed, d.Remaining, d.RetryAfter.Round(100*time.Millisecond))
 	}
 
-	// A limit whose exact arithmetic does not fit Lua's numbers is refused.
+	// A limit whose exact arithmetic does not fit Lua's numbers is refused
+	// when a limiter is built, and by every call.
 	huge := sluice.Limit{Capacity: 1 << 40, Rate: sluice.Every(time.Hour)}
-	_, err = store.Take(ctx, sluice.Request{Policy: "api", Key: "user-42", Cost: 1, Limit: huge})
-	fmt.Println(errors.Is(err, sluice.ErrInvalidLimit), redisstore.CheckLimit(huge) != nil)
+	_, err = sluice.NewLimiter(store, "api", huge)
+	fmt.Println(errors.Is(err, sluice.ErrInvalidLimit), store.CheckLimit(huge) != nil)
 	// Output:
 	// true 6 0s
 	// true 2 0s
 	// false 2 1s
 	// true true
+}
+
+// A go-redis client that does not honour the caller's deadline is refused.
+func ExampleNew_refused() {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", MaxRetries: -1})
+	defer client.Close()
+	_, err := redisstore.New(client, redisstore.Options{})
+	fmt.Println(errors.Is(err, sluice.ErrInvalidOption))
+	// Output:
+	// true
 }
 
 // exampleClient returns a client of the tests' Redis server with the
@@ -59,6 +75,7 @@ func exampleClient() *redis.Client {
 		panic(err)
 	}
 	o.MaxRetries = -1
+	o.ContextTimeoutEnabled = true
 	c := redis.NewClient(o)
 	ctx := context.Background()
 	iter := c.Scan(ctx, 0, "example:*", 100).Iterator()

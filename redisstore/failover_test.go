@@ -31,8 +31,9 @@ func TestFailover(t *testing.T) {
 	addr := master.Addr()
 	primary.Store(&addr)
 	c := redis.NewClient(&redis.Options{
-		Addr:       master.Addr(),
-		MaxRetries: -1,
+		Addr:                  master.Addr(),
+		ContextTimeoutEnabled: true,
+		MaxRetries:            -1,
 		Dialer: func(ctx context.Context, network, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, network, *primary.Load())

@@ -2,49 +2,74 @@ package redisstore
 
 import "strconv"
 
-// Key layout. Every key of a user key k starts with the prefix and the hash
-// tag {h}, where h is 16 hex digits of the FNV-1a 64-bit hash of k:
+// Key layout. A bucket belongs to a (policy, key) pair. Every key of a pair
+// starts with the store's prefix and the hash tag {h}, where h is 16 hex
+// digits of the FNV-1a 64-bit hash of the bytes len(policy) (one byte: a
+// policy is at most 64 bytes), policy and key:
 //
-//	<prefix>{<h>}b:<k>                      the bucket
-//	<prefix>{<h>}r:<len(k)>:<k><request ID>  a request-ID record
+//	<prefix>{<h>}b:<len(policy)>:<policy><key>                        the bucket
+//	<prefix>{<h>}r:<len(policy)>:<policy><len(key)>:<key><request ID>  a request-ID record
+//
+// with the lengths in decimal. The lengths make each layout a one-to-one
+// encoding of its parts: read the digits up to ':', then that many bytes
+// of policy, then (for a record) the key's length and the key, and the rest
+// is the key (or the request ID). So "api" with "x:y" and "api:x" with "y"
+// are two buckets, and sluice.MaxKeyLen bounds the caller's key alone.
 //
 // Redis Cluster hashes only the text between the first '{' and the next '}'
 // into a slot. The prefix has no braces and h is hex, so the tag is always
-// ours: braces or binary bytes in k cannot choose the slot, distinct keys
-// spread over the slots, and a bucket and its records share one slot, as the
-// script's KEYS must. The length of k makes a record key unambiguous. The
-// hash is not secret: it spreads keys, it does not separate them (the full
-// key follows the tag).
+// the store's own: braces or binary bytes in the policy or the key come
+// after it and cannot choose the slot; distinct pairs spread over the
+// slots; and a bucket and its records share one slot, as the script's KEYS
+// must. The hash is not secret: it spreads keys, it does not separate them
+// (the full policy and key follow the tag).
 
 // tagLen is the length of "{" + 16 hex digits + "}".
 const tagLen = 18
 
-// bucketKey returns the key of the bucket of key.
-func (s *Store) bucketKey(key string) string {
-	b := make([]byte, 0, len(s.prefix)+tagLen+2+len(key))
-	b = appendTag(append(b, s.prefix...), key)
+// bucketKey returns the key of the bucket of (policy, key).
+func (s *Store) bucketKey(policy, key string) string {
+	b := make([]byte, 0, len(s.prefix)+tagLen+2+3+len(policy)+len(key))
+	b = appendTag(append(b, s.prefix...), policy, key)
 	b = append(b, "b:"...)
+	b = appendLen(b, policy)
 	return string(append(b, key...))
 }
 
-// recordKey returns the key of the record of request ID id for key.
-func (s *Store) recordKey(key, id string) string {
-	b := make([]byte, 0, len(s.prefix)+tagLen+2+4+len(key)+len(id))
-	b = appendTag(append(b, s.prefix...), key)
+// recordKey returns the key of the record of request ID id for the bucket
+// of (policy, key).
+func (s *Store) recordKey(policy, key, id string) string {
+	b := make([]byte, 0, len(s.prefix)+tagLen+2+3+len(policy)+4+len(key)+len(id))
+	b = appendTag(append(b, s.prefix...), policy, key)
 	b = append(b, "r:"...)
-	b = strconv.AppendInt(b, int64(len(key)), 10)
-	b = append(b, ':')
-	b = append(b, key...)
+	b = appendLen(b, policy)
+	b = appendLen(b, key)
 	return string(append(b, id...))
 }
 
-// appendTag appends the hash tag of key.
-func appendTag(b []byte, key string) []byte {
-	const hexDigits = "0123456789abcdef"
+// appendLen appends len(s) in decimal, ':' and s.
+func appendLen(b []byte, s string) []byte {
+	b = strconv.AppendInt(b, int64(len(s)), 10)
+	b = append(b, ':')
+	return append(b, s...)
+}
+
+// appendTag appends the hash tag of (policy, key).
+func appendTag(b []byte, policy, key string) []byte {
+	const (
+		hexDigits = "0123456789abcdef"
+		prime     = 1099511628211 // FNV-1a 64 prime
+	)
 	h := uint64(14695981039346656037) // FNV-1a 64 offset basis
+	h ^= uint64(byte(len(policy)))
+	h *= prime
+	for i := 0; i < len(policy); i++ {
+		h ^= uint64(policy[i])
+		h *= prime
+	}
 	for i := 0; i < len(key); i++ {
 		h ^= uint64(key[i])
-		h *= 1099511628211 // FNV-1a 64 prime
+		h *= prime
 	}
 	b = append(b, '{')
 	for shift := 60; shift >= 0; shift -= 4 {

@@ -115,3 +115,6 @@ func deleteKeys(ctx context.Context, c client, prefix string) error {
 
 // testPolicy is the policy of the tests' requests.
 const testPolicy = "test"
+
+// checkLimit is Store.CheckLimit, which does not depend on the store.
+var checkLimit = new(Store).CheckLimit

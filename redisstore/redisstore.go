@@ -1,36 +1,55 @@
 // Package redisstore is the sluice.Store shared by any number of processes
 // through Redis (standalone, Sentinel or Cluster): every decision is one Lua
 // script that reads the bucket, refills it, converts it on a limit change,
-// decides, writes it back with its expiry and remembers the request ID, in
-// one atomic step and one round trip.
+// decides, writes it back with its expiry and remembers an allowed request
+// ID, in one atomic step and one round trip.
 //
-// The script reproduces sluice.Plan exactly at a tick of one microsecond.
+// The script reproduces bucket.Plan exactly at a tick of one microsecond.
 // Lua numbers are doubles, exact only below 2^53, so a limit is accepted only
-// if its exact arithmetic stays below that bound (CheckLimit); every other
-// valid limit is refused with sluice.ErrInvalidLimit, never approximated.
+// if its exact arithmetic stays below that bound (Store.CheckLimit, which
+// sluice.NewLimiter asks); every other valid limit is refused with
+// sluice.ErrInvalidLimit, never approximated.
 //
 // Time comes from Redis TIME by default, one clock for every instance; a
 // bucket's stamp never moves back, so a server clock that steps back (a
-// failover to a host with a slower clock) refills nothing. Options.Now passes
-// time explicitly instead, for tests and simulations.
+// failover to a host with a slower clock) refills nothing, and the waits
+// count from the server's now. Options.Now passes time explicitly instead,
+// for tests and simulations.
 //
 // A bucket key expires when its bucket is full again, which is lossless:
-// a missing bucket starts full. Give the decision path a client that never
-// retries a command on its own (a reply lost after the script ran would
-// charge twice): the Store marks its commands as not retryable for go-redis,
-// and docs/redis.md gives the client settings and deployment advice.
+// a missing bucket starts full.
+//
+// # Client settings
+//
+// New refuses a go-redis client whose ContextTimeoutEnabled is false:
+// go-redis then ignores the caller's deadline on its sockets, so a Redis
+// that accepts connections and never answers holds every decision for the
+// client's ReadTimeout (5 s by default). The configuration to use:
+//
+//	client := redis.NewClient(&redis.Options{
+//		Addr:                  "127.0.0.1:6379",
+//		ContextTimeoutEnabled: true,                   // required: the caller's deadline bounds each call
+//		MaxRetries:            -1,                     // no retries for other commands on this client
+//		DialerRetries:         1,                      // one dial attempt, not 5 with 100 ms pauses
+//		DialTimeout:           200 * time.Millisecond, // a dial without a deadline
+//		ReadTimeout:           time.Second,            // bounds batched pipelines, which have no deadline
+//		WriteTimeout:          time.Second,
+//	})
+//
+// The same fields exist in redis.ClusterOptions, redis.FailoverOptions,
+// redis.RingOptions and redis.UniversalOptions. The store marks every
+// decision command as not retryable, so go-redis sends it at most once
+// whatever MaxRetries says (a reply lost after the script ran must not
+// charge twice); MaxRetries: -1 keeps other code sharing the client from
+// retrying. Dialing never runs the script: DialerRetries only costs time,
+// up to the caller's deadline (without one, 4 pauses of 100 ms and 5
+// DialTimeouts per call while Redis is down, and a log line for each failed
+// dial until go-redis stops dialing). docs/redis.md explains each setting.
 package redisstore
 
 import (
 	"context"
-	"crypto/sha1"
-	_ "embed"
-	"encoding/hex"
-	"errors"
 	"fmt"
-	"math"
-	"math/bits"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -39,18 +58,13 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-// script is the decision script; New computes its SHA-1 digest for EVALSHA.
-//
-//go:embed bucket.lua
-var script string
-
 // Defaults for the zero Options.
 const (
 	// DefaultPrefix starts every key of a Store whose Options.Prefix is
 	// empty.
 	DefaultPrefix = "sluice:"
-	// DefaultRequestIDTTL is how long the first decision of a request ID is
-	// remembered when Options.RequestIDTTL is zero.
+	// DefaultRequestIDTTL is how long the first allowed decision of a
+	// request ID is remembered when Options.RequestIDTTL is zero.
 	DefaultRequestIDTTL = 5 * time.Minute
 	// DefaultBatch is the most decisions sent together when Options.Batch
 	// is zero and the client has pipelines.
@@ -61,41 +75,30 @@ const (
 // 1970. Times are microseconds since it, below 2^53: until the year 2305.
 const epochUnix = 1577836800
 
-// Bounds of Lua's exact integers.
-const (
-	maxExact  = 1<<53 - 1 // the largest integer every double below it is exact
-	limitBits = 52        // C*p' and n' must be below 2^limitBits
-)
-
-// Client is what a Store needs of a go-redis client. *redis.Client,
-// *redis.ClusterClient, *redis.Ring and every redis.UniversalClient satisfy
-// it.
-type Client interface {
-	Process(ctx context.Context, cmd redis.Cmder) error
-}
-
 // Options configure a Store. The zero value of every field means its
-// documented default.
+// documented default; a value out of range is an error wrapping
+// sluice.ErrInvalidOption, never repaired.
 type Options struct {
 	// Prefix starts every key the store writes. Default DefaultPrefix
 	// ("sluice:"). It must not contain '{' or '}': the store puts a hash tag
 	// of its own after it, so that a bucket and its request IDs share a
-	// Redis Cluster slot, and user keys cannot choose the slot.
+	// Redis Cluster slot, and policies and keys cannot choose the slot.
 	Prefix string
-	// OnLimitChange converts a bucket's level when a request arrives with a
-	// limit other than the one the bucket was last decided under. Default
-	// sluice.KeepTokens.
+	// OnLimitChange converts a bucket's level when a request of its policy
+	// arrives with a limit other than the one the bucket was last decided
+	// under. Default sluice.KeepTokens. Stats().Conversions counts them.
 	OnLimitChange sluice.Conversion
-	// RequestIDTTL is how long the first decision of a request ID is
-	// remembered, rounded up to a microsecond. Default DefaultRequestIDTTL
-	// (5 minutes). Negative is an error.
+	// RequestIDTTL is how long the first allowed decision of a request ID
+	// is remembered, rounded up to a microsecond: at most 2^53−1 µs (about
+	// 285 years). Default DefaultRequestIDTTL (5 minutes). Negative is an
+	// error.
 	RequestIDTTL time.Duration
 	// Now, when set, is the clock, read once per call and passed to the
 	// script: for tests and simulations. Every store sharing keys must then
 	// read the same clock. Default nil: the script reads Redis TIME, one
 	// clock for every instance, which is what production wants. Times are
 	// counted in whole microseconds since 2020-01-01 UTC; a time before that
-	// or after the year 2305 fails the call.
+	// or after the year 2305 fails the call with sluice.ErrMisconfigured.
 	Now func() time.Time
 	// MinTTL is the shortest expiry the store gives any key it writes,
 	// rounded up to a millisecond. Default zero: a bucket key expires 1ms
@@ -126,43 +129,50 @@ type Options struct {
 }
 
 // Store is a sluice.Store in Redis. It is safe for concurrent use and holds
-// no state of its own besides its configuration: any number of Stores in any
-// number of processes with the same Prefix share the buckets. Create one
-// with New.
+// no state of its own besides its configuration and counters: any number
+// of Stores in any number of processes with the same Prefix share the
+// buckets. Create one with New.
 type Store struct {
 	client Client
 	prefix string
-	policy sluice.Conversion
+	conv   sluice.Conversion
 	idTTL  int64 // microseconds, >= 1
 	minTTL int64 // milliseconds
 	now    func() time.Time
-	sha    string
 	batch  *batcher // nil: one round trip per decision
 
-	scriptLoads atomic.Uint64
+	loader      loader
+	conversions atomic.Uint64
 }
 
 // Stats are a Store's counters since New.
 type Stats struct {
-	// ScriptLoads is the number of times a server did not have the script
-	// cached (its first use, a restart, a failover, SCRIPT FLUSH) and the
-	// store sent it in full with EVAL.
+	// ScriptLoads is the number of times the store sent the script in
+	// full, to a server that had lost it (its first use, a restart, a
+	// failover, SCRIPT FLUSH): by SCRIPT LOAD, once per server for all the
+	// callers that met NOSCRIPT there at the same time, or, for a decision
+	// that met NOSCRIPT three times, with EVAL.
 	ScriptLoads uint64
+	// Conversions is the number of takes that found their bucket stored
+	// under another limit of its policy and converted it (see
+	// Options.OnLimitChange). A steady rate means processes disagree on a
+	// policy's limit.
+	Conversions uint64
 	// Pipelines is the number of pipelines sent with batching, each
 	// carrying the decisions that queued while another was in flight; a
 	// decision made while nothing was in flight is sent alone and not
 	// counted. 0 without batching.
 	Pipelines uint64
 	// SharedTakes is the number of takes that went in the script call of
-	// an earlier take in the same pipeline (same bucket, same limit):
-	// decided after it, at the same time, with one read and one write of
-	// the bucket for all.
+	// an earlier take in the same pipeline (same limit; same bucket on a
+	// Cluster or Ring): decided after it, at the same time, with one read
+	// and one write of each bucket for all.
 	SharedTakes uint64
 }
 
 // Stats returns the store's counters. It is safe to call concurrently.
 func (s *Store) Stats() Stats {
-	st := Stats{ScriptLoads: s.scriptLoads.Load()}
+	st := Stats{ScriptLoads: s.loader.loads.Load(), Conversions: s.conversions.Load()}
 	if s.batch != nil {
 		st.Pipelines = s.batch.pipelines.Load()
 		st.SharedTakes = s.batch.shared.Load()
@@ -170,44 +180,54 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
-var _ sluice.Store = (*Store)(nil)
+var (
+	_ sluice.Store        = (*Store)(nil)
+	_ sluice.LimitChecker = (*Store)(nil)
+)
 
-// New returns a Store deciding in Redis through client. It checks the
-// options (a Prefix with '{' or '}', an unknown OnLimitChange or a negative
-// duration is an error) and does no I/O: the script is loaded into each
-// Redis server the first time that server is asked to run it, and again
-// after the server lost it (restart, failover, SCRIPT FLUSH).
+// New returns a Store deciding in Redis through client. It does no I/O: the
+// script is loaded into each Redis server the first time that server is
+// asked to run it, and again after the server lost it (restart, failover,
+// SCRIPT FLUSH). It refuses, with an error wrapping sluice.ErrInvalidOption
+// that names the option, a nil client, a go-redis client whose
+// ContextTimeoutEnabled is false (see "Client settings" above), and
+// options out of range.
 func New(client Client, o Options) (*Store, error) {
 	if client == nil {
-		return nil, errors.New("redisstore: client is nil")
+		return nil, fmt.Errorf("%w: redisstore: client is nil", sluice.ErrInvalidOption)
+	}
+	if err := checkClient(client); err != nil {
+		return nil, err
 	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
 	}
 	if strings.ContainsAny(o.Prefix, "{}") {
-		return nil, fmt.Errorf("redisstore: prefix %q contains '{' or '}'; the store chooses each key's hash tag itself", o.Prefix)
+		return nil, fmt.Errorf("%w: redisstore: Options.Prefix %q contains '{' or '}'; the store chooses each key's hash tag itself", sluice.ErrInvalidOption, o.Prefix)
 	}
-	if o.OnLimitChange > sluice.ResetTokens {
-		return nil, fmt.Errorf("redisstore: limit-change policy %v is unknown; use sluice.KeepTokens, ScaleTokens or ResetTokens", o.OnLimitChange)
+	if err := o.OnLimitChange.Validate(); err != nil {
+		return nil, fmt.Errorf("redisstore: Options.OnLimitChange: %w", err)
 	}
-	if o.RequestIDTTL < 0 {
-		return nil, fmt.Errorf("redisstore: request-ID TTL %v is negative", o.RequestIDTTL)
-	}
-	if o.RequestIDTTL == 0 {
+	const maxIDTTL = maxExact * time.Microsecond
+	switch {
+	case o.RequestIDTTL < 0 || o.RequestIDTTL > maxIDTTL:
+		return nil, fmt.Errorf("%w: redisstore: Options.RequestIDTTL %v is outside [0, %v] (0 for the default of %v; the script counts it in microseconds below 2^53)",
+			sluice.ErrInvalidOption, o.RequestIDTTL, maxIDTTL, DefaultRequestIDTTL)
+	case o.RequestIDTTL == 0:
 		o.RequestIDTTL = DefaultRequestIDTTL
 	}
 	if o.MinTTL < 0 {
-		return nil, fmt.Errorf("redisstore: minimum TTL %v is negative", o.MinTTL)
+		return nil, fmt.Errorf("%w: redisstore: Options.MinTTL %v is negative; use 0 (no minimum) or a positive duration", sluice.ErrInvalidOption, o.MinTTL)
 	}
 	var b *batcher
 	p, pipelines := client.(Pipeliner)
 	switch {
 	case o.Batch < 0:
-		return nil, fmt.Errorf("redisstore: batch size %d is negative", o.Batch)
+		return nil, fmt.Errorf("%w: redisstore: Options.Batch %d is negative; use 0 (the default), 1 (no batching) or more", sluice.ErrInvalidOption, o.Batch)
 	case o.Batch == 0 && pipelines:
 		o.Batch = DefaultBatch
 	case o.Batch > 1 && !pipelines:
-		return nil, fmt.Errorf("redisstore: batch size %d needs a client with go-redis pipelines (a Pipeliner); %T is not one", o.Batch, client)
+		return nil, fmt.Errorf("%w: redisstore: Options.Batch %d needs a client with go-redis pipelines (a Pipeliner); %T is not one, so use 0 or 1", sluice.ErrInvalidOption, o.Batch, client)
 	}
 	if o.Batch > 1 {
 		// A standalone client (not a Cluster or a Ring, whose keys live
@@ -216,67 +236,26 @@ func New(client Client, o Options) (*Store, error) {
 		_, anyKey := client.(*redis.Client)
 		b = &batcher{client: p, max: o.Batch, anyKey: anyKey}
 	}
-	sum := sha1.Sum([]byte(script))
 	return &Store{
 		batch:  b,
 		client: client,
 		prefix: o.Prefix,
-		policy: o.OnLimitChange,
+		conv:   o.OnLimitChange,
 		idTTL:  ceilDiv(int64(o.RequestIDTTL), int64(time.Microsecond)),
 		minTTL: ceilDiv(int64(o.MinTTL), int64(time.Millisecond)),
 		now:    o.Now,
-		sha:    hex.EncodeToString(sum[:]),
 	}, nil
 }
 
-// plan is a limit prepared for the script: the rate n per P microseconds
-// reduced by their gcd to n1 per p1, as sluice.NewPlan does at a 1µs tick.
-type plan struct {
-	c, n, p, n1, p1 int64
-}
-
-// CheckLimit reports whether a Store can decide l exactly: l is valid, its
-// period is a whole number of microseconds, and, with the rate n per P
-// reduced by gcd(n, P µs) to n' per p', capacity × p' is below 2^52 (so
-// every intermediate of the script stays below 2^53, where Lua's doubles
-// stop being exact). For example, 1000 tokens a minute (p' = 60,000µs)
-// allows a capacity up to 75 billion; one token every 366 days, a capacity
-// up to 142; a capacity of 2^40 needs p' below 4096µs. The error wraps
-// sluice.ErrInvalidLimit and names the bound.
-func CheckLimit(l sluice.Limit) error {
-	_, err := compile(l)
-	return err
-}
-
-func compile(l sluice.Limit) (plan, error) {
-	if err := l.Validate(); err != nil {
-		return plan{}, err
-	}
-	if l.Rate.Period%time.Microsecond != 0 {
-		return plan{}, fmt.Errorf("%w: period %v is not a whole number of microseconds, the Redis store's time unit", sluice.ErrInvalidLimit, l.Rate.Period)
-	}
-	pl := plan{c: l.Capacity, n: l.Rate.Tokens, p: int64(l.Rate.Period / time.Microsecond), n1: 0, p1: 1}
-	if pl.n > 0 {
-		g := gcd(pl.n, pl.p)
-		pl.n1, pl.p1 = pl.n/g, pl.p/g
-	}
-	if hi, lo := bits.Mul64(uint64(pl.c), uint64(pl.p1)); hi != 0 || lo >= 1<<limitBits {
-		return plan{}, fmt.Errorf("%w: Redis cannot decide limit %q exactly: capacity %d × reduced period %dµs (the period over gcd(tokens, period)) must be below 2^52, the range of Lua's exact integers; lower the capacity or use a period with more tokens in common",
-			sluice.ErrInvalidLimit, l, pl.c, pl.p1)
-	}
-	if pl.n1 >= 1<<limitBits {
-		return plan{}, fmt.Errorf("%w: Redis cannot decide limit %q exactly: reduced rate tokens %d must be below 2^52", sluice.ErrInvalidLimit, l, pl.n1)
-	}
-	return pl, nil
-}
-
 // Take implements sluice.Store: one script run, which is never retried by
-// the client (see docs/redis.md). Parameter errors wrap the sluice sentinels
-// and send nothing to Redis; a request ID remembered with other parameters
-// is sluice.ErrRequestIDConflict; any other error (Redis unreachable, the
-// context done, a foreign value at a bucket's key, a time outside the
-// store's range) is returned wrapped, and the bucket may or may not have
-// been charged if the error came after the script was sent.
+// the client (see docs/redis.md). Parameter errors wrap the sluice
+// sentinels and send nothing to Redis; a request ID remembered with other
+// parameters is sluice.ErrRequestIDConflict; a value at one of the store's
+// keys that Sluice did not write, or a clock outside the store's range, is
+// an error wrapping sluice.ErrMisconfigured (a *ScriptError if the script
+// raised it), and changed nothing; every other error (Redis unreachable or
+// not serving, a timeout, the context done) wraps sluice.ErrUnavailable,
+// and the bucket may or may not have been charged if the script was sent.
 func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
 	if err := r.Validate(); err != nil {
 		return sluice.Decision{}, err
@@ -292,24 +271,28 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	var keys []string
 	idTTL := int64(0)
 	if r.RequestID == "" {
-		keys = []string{s.bucketKey(r.Key)}
+		keys = []string{s.bucketKey(r.Policy, r.Key)}
 	} else {
-		keys = []string{s.bucketKey(r.Key), s.recordKey(r.Key, r.RequestID)}
+		keys = []string{s.bucketKey(r.Policy, r.Key), s.recordKey(r.Policy, r.Key, r.RequestID)}
 		idTTL = s.idTTL
 	}
 	reply, err := s.run(ctx, keys, "take", now, pl, r.Cost, idTTL)
 	if err != nil {
 		return sluice.Decision{}, err
 	}
-	if len(reply) == 5 && reply[0] == "conflict" {
-		return sluice.Decision{}, fmt.Errorf("%w: request ID %q for this key was first used with cost %v and limit \"%v %v/%vµs\", now cost %d and limit %q",
-			sluice.ErrRequestIDConflict, r.RequestID, reply[1], reply[2], reply[3], reply[4], r.Cost, r.Limit)
+	if len(reply) == replyLen && reply[0] == kindConflict {
+		return sluice.Decision{}, conflict(reply, r)
 	}
-	return decision(reply, r.Limit)
+	d, converted, err := decision(reply, r.Limit)
+	if converted {
+		s.conversions.Add(1)
+	}
+	return d, err
 }
 
 // Peek implements sluice.Store with the same script in read-only mode: it
-// writes nothing, so it neither creates a bucket nor moves a stamp.
+// writes nothing, so it neither creates a bucket nor moves a stamp. Its
+// errors are Take's.
 func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
 	if err := r.ValidatePeek(); err != nil {
 		return sluice.Decision{}, err
@@ -322,11 +305,12 @@ func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	if err != nil {
 		return sluice.Decision{}, err
 	}
-	reply, err := s.run(ctx, []string{s.bucketKey(r.Key)}, "peek", now, pl, r.Cost, 0)
+	reply, err := s.run(ctx, []string{s.bucketKey(r.Policy, r.Key)}, "peek", now, pl, r.Cost, 0)
 	if err != nil {
 		return sluice.Decision{}, err
 	}
-	return decision(reply, r.Limit)
+	d, _, err := decision(reply, r.Limit)
+	return d, err
 }
 
 // clock returns the script's time argument: "redis" for Redis TIME, or the
@@ -338,260 +322,9 @@ func (s *Store) clock() (any, error) {
 	t := s.now()
 	d := t.Sub(time.Unix(epochUnix, 0))
 	if d < 0 || d/time.Microsecond > maxExact {
-		return nil, fmt.Errorf("redisstore: time %v is outside the store's range (2020-01-01 UTC plus 2^53µs, about 285 years)", t)
+		return nil, fmt.Errorf("%w: redisstore: time %v from Options.Now is outside the store's range (2020-01-01 UTC plus 2^53µs, about 285 years)", sluice.ErrMisconfigured, t)
 	}
 	return int64(d / time.Microsecond), nil
-}
-
-// decisionCmd is an EVALSHA or EVAL that go-redis must never send twice on
-// its own: if the reply is lost after the script ran, a second run would
-// charge the bucket again. NOSCRIPT, which means the script did not run, is
-// handled by Store.run.
-type decisionCmd struct{ *redis.Cmd }
-
-// NoRetry tells go-redis not to retry the command.
-func (decisionCmd) NoRetry() bool { return true }
-
-// spec returns the script's spec argument for limit pl under the store's
-// settings (see bucket.lua).
-func (s *Store) spec(pl plan) string {
-	return specArg(pl, int64(s.policy), s.minTTL)
-}
-
-// specLen is the length of a spec argument.
-const specLen = 38
-
-// specArg encodes a spec as the script reads it,
-// struct.unpack('<I6I6I6I6I6BI7'): C, n, P, n', p' as little-endian
-// unsigned integers of 6 bytes, the limit-change policy as 1 and the least
-// TTL in milliseconds as 7. A bucket's value starts with the spec it was
-// written under.
-func specArg(pl plan, policy, leastTTL int64) string {
-	var b [specLen]byte
-	i := 0
-	put := func(v int64, size int) {
-		for range size {
-			b[i] = byte(v)
-			v >>= 8
-			i++
-		}
-	}
-	for _, v := range [...]int64{pl.c, pl.n, pl.p, pl.n1, pl.p1} {
-		put(v, 6)
-	}
-	put(policy, 1)
-	put(leastTTL, 7)
-	return string(b[:])
-}
-
-// run runs the script by EVALSHA, and by EVAL if the server does not have it
-// cached, and returns its reply as go-redis read it (see bucket.lua).
-func (s *Store) run(ctx context.Context, keys []string, op string, now any, pl plan, cost, idTTL int64) ([]any, error) {
-	args := make([]any, 0, 3+len(keys)+5)
-	args = append(args, "evalsha", s.sha, len(keys))
-	for _, k := range keys {
-		args = append(args, k)
-	}
-	args = append(args, op, now, s.spec(pl), cost)
-	if idTTL > 0 {
-		args = append(args, idTTL)
-	}
-	cmd, err := s.send(ctx, args)
-	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
-		s.scriptLoads.Add(1)
-		args[0], args[1] = "eval", script
-		cmd, err = s.send(ctx, args)
-	}
-	if err != nil {
-		if isScriptError(err) {
-			return nil, &ScriptError{err: err}
-		}
-		return nil, fmt.Errorf("redisstore: %w", err)
-	}
-	reply, err := cmd.Slice()
-	if err != nil {
-		return nil, &ScriptError{err: fmt.Errorf("reply: %w", err)}
-	}
-	return reply, nil
-}
-
-// Resending a command that Redis refused without running it.
-// The pauses add up to about a second; the caller's context can cut them
-// short.
-const (
-	maxResends  = 24
-	firstResend = time.Millisecond
-	maxResend   = 50 * time.Millisecond
-)
-
-// send sends a script command, and sends it again, up to maxResends times
-// with a doubling pause, while Redis answers with an error that says it did
-// not run it (see refusedUnrun) and ctx allows: a resend of such a command
-// cannot charge twice. Every other outcome is returned at once.
-func (s *Store) send(ctx context.Context, args []any) (decisionCmd, error) {
-	pause := firstResend
-	for resends := 0; ; resends++ {
-		cmd := decisionCmd{redis.NewCmd(ctx, args...)}
-		err := s.process(ctx, cmd)
-		if err == nil || resends == maxResends || !refusedUnrun(err) {
-			return cmd, err
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return cmd, err
-		case <-t.C:
-		}
-		pause = min(2*pause, maxResend)
-	}
-}
-
-// refusedUnrun reports whether err is an error reply with which Redis
-// refuses a command before running it: another script is running past
-// busy-reply-threshold (BUSY), the server is loading its data (LOADING), a
-// slot is migrating under a multi-key command (TRYAGAIN), the cluster or
-// the master is down (CLUSTERDOWN, MASTERDOWN).
-func refusedUnrun(err error) bool {
-	for _, p := range []string{"BUSY ", "LOADING ", "TRYAGAIN ", "CLUSTERDOWN ", "MASTERDOWN "} {
-		if redis.HasErrorPrefix(err, p) {
-			return true
-		}
-	}
-	return false
-}
-
-// ScriptError is an error raised by the decision script, or a reply of it
-// the store could not read: the script ran (or was refused by its own
-// argument checks) and wrote nothing it should not have, but no decision
-// came of it. A foreign value at a bucket's key (WRONGTYPE) is one cause.
-// Its ScriptError method lets metrics classify it without importing this
-// package.
-type ScriptError struct{ err error }
-
-func (e *ScriptError) Error() string { return "redisstore: script: " + e.err.Error() }
-
-// Unwrap returns the underlying error (a go-redis error reply, or a reply
-// parse error).
-func (e *ScriptError) Unwrap() error { return e.err }
-
-// ScriptError marks the error as the script's.
-func (*ScriptError) ScriptError() {}
-
-// isScriptError reports whether err is an error reply raised inside the
-// script: by its own argument checks ("ERR sluice: ...") or by Redis while
-// running it (Redis 7 ends those with "script: <sha>, on @user_script:<line>.";
-// Redis 6 writes "@user_script:<line>:" in them).
-func isScriptError(err error) bool {
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return false
-	}
-	msg := re.Error()
-	return strings.HasPrefix(msg, "ERR sluice:") || strings.Contains(msg, "user_script")
-}
-
-// Positions in the arguments of a script command built by run.
-const (
-	argKeys = 3 // the first key
-	// With one key:
-	argOp   = 4
-	argCost = 7
-	argN    = 8 // the number of arguments
-)
-
-// shareID returns, for a take without a request ID sent by EVALSHA, what
-// identifies the takes that may share one script call with it: its
-// arguments but the cost (the limit, the time argument and the settings)
-// and, unless anyKey, the bucket. Other commands share nothing.
-func shareID(args []any, anyKey bool) (string, bool) {
-	if len(args) != argN || args[0] != "evalsha" || args[2] != 1 || args[argOp] != "take" {
-		return "", false
-	}
-	b := make([]byte, 0, 128)
-	for i, a := range args[argKeys:] {
-		if i := argKeys + i; i == argCost || (i == argKeys && anyKey) {
-			continue
-		}
-		switch a := a.(type) {
-		case string:
-			b = append(b, a...)
-		case int64:
-			b = strconv.AppendInt(b, a, 10)
-		default:
-			b = fmt.Append(b, a)
-		}
-		b = append(b, 0)
-	}
-	return string(b), true
-}
-
-// sharedArgs returns the arguments of one "takes" script call for the
-// takes of args, each a take that shareID accepted with the same identity.
-func sharedArgs(args [][]any) []any {
-	first := args[0]
-	out := make([]any, 0, argN+2*len(args))
-	out = append(out, first[0], first[1], len(args))
-	for _, a := range args {
-		out = append(out, a[argKeys])
-	}
-	out = append(out, "takes")
-	out = append(out, first[argOp+1:]...)
-	for _, a := range args[1:] {
-		out = append(out, a[argCost])
-	}
-	return out
-}
-
-// process sends cmd on its own, or in the next pipeline when batching.
-func (s *Store) process(ctx context.Context, cmd decisionCmd) error {
-	if s.batch != nil {
-		return s.batch.process(ctx, cmd)
-	}
-	return s.client.Process(ctx, cmd)
-}
-
-// decision reads an "ok" or "replay" reply of the script: the kind, then
-// four integers (allowed, remaining, and the waits in microseconds, -1 for
-// never).
-func decision(reply []any, l sluice.Limit) (sluice.Decision, error) {
-	if len(reply) == 5 {
-		kind, _ := reply[0].(string)
-		allowed, ok1 := reply[1].(int64)
-		remaining, ok2 := reply[2].(int64)
-		retry, ok3 := wait(reply[3])
-		reset, ok4 := wait(reply[4])
-		if (kind == "ok" || kind == "replay") && ok1 && (allowed == 0 || allowed == 1) && ok2 && remaining >= 0 && ok3 && ok4 {
-			return sluice.Decision{
-				Allowed:    allowed == 1,
-				Remaining:  remaining,
-				RetryAfter: retry,
-				ResetAfter: reset,
-				Limit:      l,
-				Replayed:   kind == "replay",
-			}, nil
-		}
-	}
-	return sluice.Decision{}, &ScriptError{err: fmt.Errorf("reply %v is not a decision", reply)}
-}
-
-// wait reads a wait in microseconds, -1 for never.
-func wait(v any) (time.Duration, bool) {
-	us, ok := v.(int64)
-	switch {
-	case !ok || us < -1:
-		return 0, false
-	case us == -1 || us > math.MaxInt64/int64(time.Microsecond):
-		return sluice.Never, true
-	}
-	return time.Duration(us) * time.Microsecond, true
-}
-
-func gcd(a, b int64) int64 {
-	for b != 0 {
-		a, b = b, a%b
-	}
-	return a
 }
 
 // ceilDiv returns ceil(a/b) for a >= 0, b > 0.

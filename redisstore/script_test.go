@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/exact"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"pgregory.net/rapid"
 )
@@ -39,7 +40,7 @@ func edgeLimit(t *rapid.T, label string) sluice.Limit {
 	).Draw(t, label+" period µs")
 	p1 := int64(1)
 	if n > 0 {
-		p1 = p / gcd(n, p)
+		p1 = p / int64(exact.GCD(uint64(n), uint64(p)))
 	}
 	most := min(sluice.MaxCapacity, (1<<limitBits-1)/p1)
 	c := rapid.OneOf(
@@ -113,6 +114,16 @@ func TestScriptConversionEdges(t *testing.T) {
 		{"refill a microsecond short of full", planCase{
 			from: sluice.Limit{Capacity: 10, Rate: sluice.Per(3, 7*time.Microsecond)}, to: sluice.Limit{Capacity: 10, Rate: sluice.Per(3, 7*time.Microsecond)},
 			policy: sluice.KeepTokens, state: bucket.State{Tokens: 9, Stamp: 100}, now: 102, cost: 10}},
+		// The clock 2^53 - 1 - 10^12 µs behind the stamp: the wait for one
+		// token from now is 2^53 + 30622400000000 - 1 µs, an odd number
+		// beyond a double's integers, which the script must not round;
+		// the wait until full is beyond a time.Duration (Never).
+		{"wait from now beyond 2^53", planCase{
+			from: sluice.Limit{Capacity: 142, Rate: sluice.Every(sluice.MaxPeriod)}, to: sluice.Limit{Capacity: 142, Rate: sluice.Every(sluice.MaxPeriod)},
+			policy: sluice.KeepTokens, state: bucket.State{Tokens: 0, Stamp: maxExact}, now: 1_000_000_000_000, cost: 1}},
+		{"wait from now just below 2^53", planCase{
+			from: sluice.Limit{Capacity: 142, Rate: sluice.Every(sluice.MaxPeriod)}, to: sluice.Limit{Capacity: 142, Rate: sluice.Every(sluice.MaxPeriod)},
+			policy: sluice.KeepTokens, state: bucket.State{Tokens: 0, Stamp: maxExact}, now: 31622400000000 + 1, cost: 1}},
 		{"scale, both products near 2^52", planCase{
 			from:   sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(1, 4095*time.Microsecond)},
 			to:     sluice.Limit{Capacity: 1<<40 - 1, Rate: sluice.Per(3, 4093*time.Microsecond)},
@@ -164,7 +175,7 @@ func (tc planCase) check(t interface {
 	}
 	const key = "k"
 	value := stateValue(writer, tc.from, tc.state)
-	if err := c.Set(ctx, s.bucketKey(key), value, time.Minute).Err(); err != nil {
+	if err := c.Set(ctx, s.bucketKey(testPolicy, key), value, time.Minute).Err(); err != nil {
 		t.Fatalf("SET: %v", err)
 	}
 
@@ -192,7 +203,7 @@ func (tc planCase) check(t interface {
 	if diff := cmp.Diff(wantD, got); diff != "" {
 		t.Fatalf("Take%s, cost %d = %+v, want %+v (Plan's) (-want +got):\n%s", call, tc.cost, got, wantD, diff)
 	}
-	stored, err := c.Get(ctx, s.bucketKey(key)).Result()
+	stored, err := c.Get(ctx, s.bucketKey(testPolicy, key)).Result()
 	if err != nil {
 		t.Fatalf("GET after Take: %v", err)
 	}
@@ -246,7 +257,7 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := []string{s.bucketKey("k"), s.recordKey("k", "id")}
+	keys := []string{s.bucketKey(testPolicy, "k"), s.recordKey(testPolicy, "k", "id")}
 	// The fields of a valid take with a request ID, 10 tokens, 3 per
 	// second: operation, time, C, n, P, n', p', cost, policy, least TTL,
 	// request-ID memory; for "takes", the fields after the least TTL are
@@ -339,7 +350,7 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 	)
 	calls = append(calls,
 		call{"request-ID memory without a request ID", keys[:1], good},
-		call{"three keys", append(keys, s.bucketKey("x")), good},
+		call{"three keys", append(keys, s.bucketKey(testPolicy, "x")), good},
 		call{"no key", nil, good},
 	)
 	// The spec is binary: a value of any other length is refused, Lua's
@@ -378,7 +389,7 @@ func TestScriptRejectsForeignValues(t *testing.T) {
 	ctx := t.Context()
 	s := newStore(t, c, Options{})
 	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(3)}
-	bucket, record := s.bucketKey("k"), s.recordKey("k", "id")
+	bucket, record := s.bucketKey(testPolicy, "k"), s.recordKey(testPolicy, "k", "id")
 	// foreign is a value in the store's layout under l with a level the
 	// store cannot have written.
 	foreign := func(tokens, frac, stamp int64) string {
@@ -458,7 +469,7 @@ func TestScriptRejectsBadSpecStored(t *testing.T) {
 	c := redistest.Client(t)
 	ctx := t.Context()
 	s := newStore(t, c, Options{})
-	key := s.bucketKey("k")
+	key := s.bucketKey(testPolicy, "k")
 	tests := []struct {
 		name  string
 		pl    plan
@@ -492,7 +503,7 @@ func TestScriptRejectsBadSpecStored(t *testing.T) {
 // TestStoredStampNeverMovesBack: a bucket stamped in the future (written
 // by a server whose clock was ahead, before a failover) refills nothing
 // until Redis TIME passes the stamp, and keeps its stamp and its TTL beyond
-// it.
+// it; its waits count from now, so they include the time until the stamp.
 func TestStoredStampNeverMovesBack(t *testing.T) {
 	c := redistest.Client(t)
 	ctx := t.Context()
@@ -508,41 +519,49 @@ func TestStoredStampNeverMovesBack(t *testing.T) {
 	// wrote it gave it: one token is an hour and a second away, the full
 	// bucket an hour and ten seconds. The denial writes nothing.
 	value := stateValue(s, l, bucket.State{Tokens: 0, Stamp: future})
-	if err := c.Set(ctx, s.bucketKey("k"), value, time.Hour+10*time.Second+time.Millisecond).Err(); err != nil {
+	if err := c.Set(ctx, s.bucketKey(testPolicy, "k"), value, time.Hour+10*time.Second+time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
 	d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Allowed || d.Remaining != 0 || d.RetryAfter != time.Second || d.ResetAfter != 10*time.Second {
-		t.Errorf("Take = %+v; want denied, 0 remaining, retry 1s and reset 10s after the stamp", d)
+	// The waits count from now, an hour before the stamp (less the time
+	// since TIME was read above): the wait after the stamp, plus the hour.
+	ahead := func(after time.Duration) (lo, hi time.Duration) {
+		return time.Hour + after - time.Second, time.Hour + after
 	}
-	if got, err := c.Get(ctx, s.bucketKey("k")).Result(); err != nil || got != value {
+	if lo, hi := ahead(time.Second); d.Allowed || d.Remaining != 0 || d.RetryAfter < lo || d.RetryAfter > hi {
+		t.Errorf("Take = %+v; want denied, 0 remaining, retry in [%v, %v] (1s after the stamp)", d, lo, hi)
+	}
+	if lo, hi := ahead(10 * time.Second); d.ResetAfter < lo || d.ResetAfter > hi {
+		t.Errorf("Take = %+v; want reset in [%v, %v] (10s after the stamp)", d, lo, hi)
+	}
+	if got, err := c.Get(ctx, s.bucketKey(testPolicy, "k")).Result(); err != nil || got != value {
 		t.Errorf("bucket after Take = %q, %v; want %q unchanged", got, err, value)
 	}
-	pttl, err := c.PTTL(ctx, s.bucketKey("k")).Result()
+	pttl, err := c.PTTL(ctx, s.bucketKey(testPolicy, "k")).Result()
 	if min := time.Hour + 9*time.Second; err != nil || pttl < min || pttl > time.Hour+10*time.Second+time.Millisecond {
 		t.Errorf("PTTL = %v, %v; want about 1h10s (the stamp, an hour ahead, plus the refill)", pttl, err)
 	}
 
 	// Five tokens at that stamp: the take is allowed at the stamp, not
 	// now, and the expiry is set from the stamp: full 6s after it.
-	if err := c.Set(ctx, s.bucketKey("k"), stateValue(s, l, bucket.State{Tokens: 5, Stamp: future}), 0).Err(); err != nil {
+	if err := c.Set(ctx, s.bucketKey(testPolicy, "k"), stateValue(s, l, bucket.State{Tokens: 5, Stamp: future}), 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	d, err = s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !d.Allowed || d.Remaining != 4 || d.ResetAfter != 6*time.Second {
-		t.Errorf("Take = %+v; want allowed, 4 remaining, reset 6s after the stamp", d)
+	if lo, hi := ahead(6 * time.Second); !d.Allowed || d.Remaining != 4 || d.ResetAfter < lo || d.ResetAfter > hi {
+		t.Errorf("Take = %+v; want allowed, 4 remaining, reset in [%v, %v] (6s after the stamp)", d, lo, hi)
 	}
 	want := stateValue(s, l, bucket.State{Tokens: 4, Stamp: future})
-	if got, err := c.Get(ctx, s.bucketKey("k")).Result(); err != nil || got != want {
+	if got, err := c.Get(ctx, s.bucketKey(testPolicy, "k")).Result(); err != nil || got != want {
 		t.Errorf("bucket after Take = %q, %v; want %q (the stamp kept)", got, err, want)
 	}
-	pttl, err = c.PTTL(ctx, s.bucketKey("k")).Result()
+	pttl, err = c.PTTL(ctx, s.bucketKey(testPolicy, "k")).Result()
 	if min := time.Hour + 5*time.Second; err != nil || pttl < min || pttl > time.Hour+6*time.Second+time.Millisecond {
 		t.Errorf("PTTL = %v, %v; want about 1h6s (the stamp, an hour ahead, plus the refill)", pttl, err)
 	}
@@ -577,7 +596,7 @@ func TestScriptSharedTakes(t *testing.T) {
 		now := rapid.Int64Range(0, maxExact).Draw(rt, "now")
 		// Two buckets on the old limit's grid, stamped around now, or
 		// missing.
-		keys := []string{s.bucketKey("k0"), s.bucketKey("k1")}
+		keys := []string{s.bucketKey(testPolicy, "k0"), s.bucketKey(testPolicy, "k1")}
 		var want [2]bucket.State
 		var values [2]string
 		for i, key := range keys {
@@ -611,7 +630,7 @@ func TestScriptSharedTakes(t *testing.T) {
 		if err != nil {
 			rt.Fatalf("compile(%v): %v", to, err)
 		}
-		args := []any{"evalsha", s.sha, len(costs)}
+		args := []any{"evalsha", scriptSHA, len(costs)}
 		for _, w := range which {
 			args = append(args, keys[w])
 		}
@@ -631,7 +650,7 @@ func TestScriptSharedTakes(t *testing.T) {
 		for i, cost := range costs {
 			var wantD sluice.Decision
 			newPlan.Take(&want[which[i]], now, cost, &wantD)
-			got, err := decision(reply[5*i:5*i+5], to)
+			got, _, err := decision(reply[5*i:5*i+5], to)
 			if err != nil {
 				rt.Fatal(err)
 			}
@@ -664,25 +683,33 @@ func decisionCmdReply(ctx context.Context, c client, args []any) ([]any, error) 
 	return cmd.Slice()
 }
 
-// TestDecisionReply: decision reads the script's reply of five values, and
-// refuses every other shape as a *ScriptError.
+// TestDecisionReply: decision reads the script's reply of five values,
+// with waits as integers or, from 2^53 µs on, as decimal text, and refuses
+// every other shape as a *ScriptError, which wraps sluice.ErrMisconfigured.
 func TestDecisionReply(t *testing.T) {
 	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
 	good := []struct {
-		reply []any
-		want  sluice.Decision
+		reply     []any
+		want      sluice.Decision
+		converted bool
 	}{
 		{[]any{"ok", int64(1), int64(9), int64(0), int64(1_000_000)},
-			sluice.Decision{Allowed: true, Remaining: 9, ResetAfter: time.Second, Limit: l}},
+			sluice.Decision{Allowed: true, Remaining: 9, ResetAfter: time.Second, Limit: l}, false},
+		{[]any{"conv", int64(1), int64(9), int64(0), int64(1_000_000)},
+			sluice.Decision{Allowed: true, Remaining: 9, ResetAfter: time.Second, Limit: l}, true},
 		{[]any{"ok", int64(0), int64(0), int64(1), int64(-1)},
-			sluice.Decision{Remaining: 0, RetryAfter: time.Microsecond, ResetAfter: sluice.Never, Limit: l}},
+			sluice.Decision{Remaining: 0, RetryAfter: time.Microsecond, ResetAfter: sluice.Never, Limit: l}, false},
 		{[]any{"replay", int64(0), int64(3), int64(-1), int64(math.MaxInt64)},
-			sluice.Decision{Remaining: 3, RetryAfter: sluice.Never, ResetAfter: sluice.Never, Limit: l, Replayed: true}},
+			sluice.Decision{Remaining: 3, RetryAfter: sluice.Never, ResetAfter: sluice.Never, Limit: l, Replayed: true}, false},
+		{[]any{"ok", int64(0), int64(0), "9007199254740993", "9223372036854775"},
+			sluice.Decision{Remaining: 0, RetryAfter: 9007199254740993 * time.Microsecond, ResetAfter: 9223372036854775 * time.Microsecond, Limit: l}, false},
+		{[]any{"ok", int64(0), int64(0), "9223372036854776", "13510798882111486"},
+			sluice.Decision{Remaining: 0, RetryAfter: sluice.Never, ResetAfter: sluice.Never, Limit: l}, false},
 	}
 	for _, tt := range good {
-		got, err := decision(tt.reply, l)
-		if err != nil || got != tt.want {
-			t.Errorf("decision(%v) = %+v, %v; want %+v", tt.reply, got, err, tt.want)
+		got, converted, err := decision(tt.reply, l)
+		if err != nil || got != tt.want || converted != tt.converted {
+			t.Errorf("decision(%v) = %+v, %v, %v; want %+v, %v", tt.reply, got, converted, err, tt.want, tt.converted)
 		}
 	}
 	bad := [][]any{
@@ -690,17 +717,21 @@ func TestDecisionReply(t *testing.T) {
 		{"ok", int64(1), int64(9), int64(0)},
 		{"ok", int64(1), int64(9), int64(0), int64(0), int64(0)},
 		{"conflict", int64(1), int64(9), int64(0), int64(0)},
+		{"foreign", "ERR sluice: bucket key holds a value sluice did not write", int64(0), int64(0), int64(0)},
 		{"ok", int64(2), int64(9), int64(0), int64(0)},
 		{"ok", "1", int64(9), int64(0), int64(0)},
 		{"ok", int64(1), int64(-1), int64(0), int64(0)},
 		{"ok", int64(1), int64(9), int64(-2), int64(0)},
 		{"ok", int64(1), int64(9), int64(0), "n"},
+		{"ok", int64(1), int64(9), int64(0), "-1"},
+		{"ok", int64(1), int64(9), int64(0), "012"},
+		{"ok", int64(1), int64(9), int64(0), ""},
 		{int64(1), int64(1), int64(9), int64(0), int64(0)},
 	}
 	for _, reply := range bad {
 		var se *ScriptError
-		if d, err := decision(reply, l); !errors.As(err, &se) {
-			t.Errorf("decision(%v) = %+v, %v; want a *ScriptError", reply, d, err)
+		if d, _, err := decision(reply, l); !errors.As(err, &se) || !errors.Is(err, sluice.ErrMisconfigured) {
+			t.Errorf("decision(%v) = %+v, %v; want a *ScriptError wrapping %v", reply, d, err, sluice.ErrMisconfigured)
 		}
 	}
 }
@@ -720,7 +751,7 @@ func TestQuietDenialsDecideAlike(t *testing.T) {
 				Period: time.Duration(rapid.Int64Range(1, 1_000_000_000).Draw(rt, "period µs")) * time.Microsecond,
 			},
 		}
-		if CheckLimit(l) != nil {
+		if checkLimit(l) != nil {
 			rt.Skip("a limit Redis cannot decide exactly")
 		}
 		p, err := bucket.NewPlan(l, time.Microsecond)
@@ -778,7 +809,7 @@ func TestQuietDenials(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newStore(t, c, tt.o)
-			key := s.bucketKey("k")
+			key := s.bucketKey(testPolicy, "k")
 			before := emptyMarked(t, c, s, "k", l)
 			time.Sleep(2 * time.Millisecond)
 			if d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l}); err != nil || d.Allowed {
@@ -813,20 +844,20 @@ func TestQuietDenialsShared(t *testing.T) {
 	ctx := t.Context()
 	s := newStore(t, c, Options{})
 	l := sluice.Limit{Capacity: 2, Rate: sluice.Per(1, time.Hour)}
-	empty, fresh := s.bucketKey("empty"), s.bucketKey("fresh")
+	empty, fresh := s.bucketKey(testPolicy, "empty"), s.bucketKey(testPolicy, "fresh")
 	before := emptyMarked(t, c, s, "empty", l)
 	pl, err := compile(l)
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := []any{"evalsha", s.sha, 3, empty, fresh, empty, "takes", "redis", s.spec(pl), 1, 1, 2}
+	args := []any{"evalsha", scriptSHA, 3, empty, fresh, empty, "takes", "redis", s.spec(pl), 1, 1, 2}
 	reply, err := decisionCmdReply(ctx, c, args)
 	if err != nil {
 		t.Fatalf("takes: %v", err)
 	}
 	var allowed []bool
 	for i := 0; i+5 <= len(reply); i += 5 {
-		d, err := decision(reply[i:i+5], l)
+		d, _, err := decision(reply[i:i+5], l)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -856,11 +887,11 @@ func emptyMarked(t *testing.T, c client, s *Store, key string, l sluice.Limit) s
 			t.Fatalf("Take = %+v, %v; want allowed", d, err)
 		}
 	}
-	v, err := c.Get(ctx, s.bucketKey(key)).Result()
+	v, err := c.Get(ctx, s.bucketKey(testPolicy, key)).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.PExpire(ctx, s.bucketKey(key), 10*time.Hour).Err(); err != nil {
+	if err := c.PExpire(ctx, s.bucketKey(testPolicy, key), 10*time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
 	return v
@@ -880,9 +911,10 @@ func valueAndPTTL(t *testing.T, c client, key string) (string, time.Duration) {
 	return v, pttl
 }
 
-// TestTTLOnServerClock: a written bucket expires exactly max(ceil((stamp -
-// now + reset) / 1000) + 1, least TTL) ms after the server's clock at the
-// write, or never if it never refills, on the fast path (a missing bucket,
+// TestTTLOnServerClock: a written bucket expires exactly max(ceil(reset /
+// 1000) + 1, least TTL) ms after the server's clock at the write, with
+// reset the reply's wait until full, which counts from now (so from before
+// a stamp ahead of now), or never if it never refills, on the fast path (a missing bucket,
 // a stored one with a fraction, the least TTL) and on the general path (a
 // request ID, several takes, a stamp ahead of now). The server's
 // millisecond at the write lies between a TIME read before the call and
@@ -907,8 +939,8 @@ func TestTTLOnServerClock(t *testing.T) {
 	// microsecond: no wait is a whole number of milliseconds.
 	spec := specOf(sluice.Limit{Capacity: 5, Rate: sluice.Per(3, 7*time.Millisecond)}, 0)
 	const now = int64(1_000_000_000)
-	key, other, least, never := s.bucketKey("k"), s.bucketKey("other"), s.bucketKey("least"), s.bucketKey("never")
-	ahead := s.bucketKey("ahead")
+	key, other, least, never := s.bucketKey(testPolicy, "k"), s.bucketKey(testPolicy, "other"), s.bucketKey(testPolicy, "least"), s.bucketKey(testPolicy, "never")
+	ahead := s.bucketKey(testPolicy, "ahead")
 	// 3 tokens down, stamped 2.5 ms after now: the general path keeps the
 	// stamp and measures the expiry from it.
 	if err := c.Set(ctx, ahead, spec+levelBytes(2, 0, now+2500), 0).Err(); err != nil {
@@ -918,18 +950,17 @@ func TestTTLOnServerClock(t *testing.T) {
 		name  string
 		keys  []string
 		args  []any
-		ahead int64 // stamp - now of the bucket written
 		least int64 // the spec's least TTL, ms
 	}{
 		// 4 tokens left: full in 7000/3 µs.
-		{"fast path, missing bucket", []string{key}, []any{"take", now, spec, 1}, 0, 0},
+		{"fast path, missing bucket", []string{key}, []any{"take", now, spec, 1}, 0},
 		// 1 µs later: 2 tokens and 3/7000 left.
-		{"fast path, stored bucket with a fraction", []string{key}, []any{"take", now + 1, spec, 2}, 0, 0},
-		{"fast path, least TTL", []string{least}, []any{"take", now, specOf(sluice.Limit{Capacity: 5, Rate: sluice.Per(3, 7*time.Millisecond)}, 60_000), 1}, 0, 60_000},
-		{"fast path, no refill", []string{never}, []any{"take", now, specOf(sluice.Limit{Capacity: 5, Rate: sluice.Per(0, time.Second)}, 0), 1}, 0, 0},
-		{"request ID", []string{key, s.recordKey("k", "id")}, []any{"take", now + 1, spec, 1, 60_000_000}, 0, 0},
-		{"takes", []string{other, other}, []any{"takes", now, spec, 1, 1}, 0, 0},
-		{"stamp ahead of now", []string{ahead}, []any{"take", now, spec, 1}, 2500, 0},
+		{"fast path, stored bucket with a fraction", []string{key}, []any{"take", now + 1, spec, 2}, 0},
+		{"fast path, least TTL", []string{least}, []any{"take", now, specOf(sluice.Limit{Capacity: 5, Rate: sluice.Per(3, 7*time.Millisecond)}, 60_000), 1}, 60_000},
+		{"fast path, no refill", []string{never}, []any{"take", now, specOf(sluice.Limit{Capacity: 5, Rate: sluice.Per(0, time.Second)}, 0), 1}, 0},
+		{"request ID", []string{key, s.recordKey(testPolicy, "k", "id")}, []any{"take", now + 1, spec, 1, 60_000_000}, 0},
+		{"takes", []string{other, other}, []any{"takes", now, spec, 1, 1}, 0},
+		{"stamp ahead of now", []string{ahead}, []any{"take", now, spec, 1}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -941,7 +972,7 @@ func TestTTLOnServerClock(t *testing.T) {
 			var run *redis.Cmd
 			var expireAt *redis.DurationCmd
 			_, err = c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				run = p.EvalSha(ctx, s.sha, tt.keys, tt.args...)
+				run = p.EvalSha(ctx, scriptSHA, tt.keys, tt.args...)
 				expireAt = p.PExpireTime(ctx, tt.keys[0])
 				after = p.Time(ctx)
 				return nil
@@ -966,7 +997,8 @@ func TestTTLOnServerClock(t *testing.T) {
 				}
 				return
 			}
-			ttl := max((tt.ahead+reset+999)/1000+1, tt.least)
+			// The reply's wait counts from now, the stamp's lead included.
+			ttl := max((reset+999)/1000+1, tt.least)
 			lo, hi := before.UnixMilli()+ttl, after.Val().UnixMilli()+ttl
 			if got := expireAt.Val().Milliseconds(); got < lo || got > hi {
 				t.Errorf("bucket expires at %d ms, want the server's millisecond at the write (%d to %d) plus %d (wait until full %d µs)",

@@ -226,11 +226,11 @@ func TestTTLs(t *testing.T) {
 		key  string
 		want time.Duration // -1: no expiry
 	}{
-		{"3 of 10 at 3/s", sluice.Request{Policy: testPolicy, Key: "a", Cost: 3, Limit: sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(3)}}, s.bucketKey("a"), 1001 * time.Millisecond},
-		{"1 of 1 per 7µs", sluice.Request{Policy: testPolicy, Key: "b", Cost: 1, Limit: sluice.Limit{Capacity: 1, Rate: sluice.Every(7 * time.Microsecond)}}, s.bucketKey("b"), 2 * time.Millisecond},
-		{"1 of 5 per hour", sluice.Request{Policy: testPolicy, Key: "c", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.Per(1, time.Hour)}}, s.bucketKey("c"), time.Hour + time.Millisecond},
-		{"no refill", sluice.Request{Policy: testPolicy, Key: "d", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.Per(0, time.Second)}}, s.bucketKey("d"), -1},
-		{"request-ID record", sluice.Request{Policy: testPolicy, Key: "e", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.PerSecond(1)}, RequestID: "r"}, s.recordKey("e", "r"), 90*time.Second + time.Millisecond},
+		{"3 of 10 at 3/s", sluice.Request{Policy: testPolicy, Key: "a", Cost: 3, Limit: sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(3)}}, s.bucketKey(testPolicy, "a"), 1001 * time.Millisecond},
+		{"1 of 1 per 7µs", sluice.Request{Policy: testPolicy, Key: "b", Cost: 1, Limit: sluice.Limit{Capacity: 1, Rate: sluice.Every(7 * time.Microsecond)}}, s.bucketKey(testPolicy, "b"), 2 * time.Millisecond},
+		{"1 of 5 per hour", sluice.Request{Policy: testPolicy, Key: "c", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.Per(1, time.Hour)}}, s.bucketKey(testPolicy, "c"), time.Hour + time.Millisecond},
+		{"no refill", sluice.Request{Policy: testPolicy, Key: "d", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.Per(0, time.Second)}}, s.bucketKey(testPolicy, "d"), -1},
+		{"request-ID record", sluice.Request{Policy: testPolicy, Key: "e", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.PerSecond(1)}, RequestID: "r"}, s.recordKey(testPolicy, "e", "r"), 90*time.Second + time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -393,7 +393,7 @@ func TestNoRetryAfterLostReply(t *testing.T) {
 
 	// The control: an ordinary command is retried by go-redis.
 	p.scripts.Store(0)
-	args := []any{"evalsha", s.sha, 1, s.bucketKey("k"), "take", "redis", 10, 1, 3600000000, 1, 3600000000, 1, 0, 0, 0}
+	args := []any{"evalsha", scriptSHA, 1, s.bucketKey(testPolicy, "k"), "take", "redis", 10, 1, 3600000000, 1, 3600000000, 1, 0, 0, 0}
 	if err := viaProxy.Do(ctx, args...).Err(); err == nil {
 		t.Fatal("an ordinary EVALSHA through the proxy succeeded; the proxy drops nothing")
 	}
@@ -492,11 +492,12 @@ func (p *dropProxy) serve(in, out net.Conn) {
 	}
 }
 
-// TestKeyLayout: the hash tag comes from the whole user key, so braces in
-// the key cannot choose it; a bucket and its records share it; record keys
-// are unambiguous.
+// TestKeyLayout: a bucket's key encodes (policy, key) one to one, so no
+// two pairs share a bucket or a record key; the hash tag comes from the
+// whole pair, so braces in either cannot choose it; a bucket and its
+// records share it.
 func TestKeyLayout(t *testing.T) {
-	s, err := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), Options{Prefix: "p:"})
+	s, err := New(offline(t), Options{Prefix: "p:"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -506,26 +507,38 @@ func TestKeyLayout(t *testing.T) {
 		return tag
 	}
 	tests := []struct {
-		key, id string
+		policy, key, id string
 	}{
-		{"user", ""}, {"{user}", ""}, {"a{b}c", "x"}, {"}{", "{}"}, {"\x00\xff", "\n"}, {strings.Repeat("k", 512), "r"},
+		{"api", "user", ""}, {"api", "{user}", ""}, {"{api}", "user", ""}, {"a}", "{b}c", "x"}, {"api", "}{", "{}"},
+		{"api", "\x00\xff", "\n"}, {"api", "x:y", "r"}, {"api:x", "y", "r"}, {"ab", "c", "r"}, {"a", "bc", "r"},
+		{"1", "2:ab", ""}, {"12", ":ab", ""},
+		{strings.Repeat("p", sluice.MaxPolicyLen), strings.Repeat("k", sluice.MaxKeyLen), "r"},
 	}
-	seen := map[string]string{}
+	buckets := map[string][2]string{}
+	records := map[string][3]string{}
+	tags := map[string][2]string{}
 	for _, tt := range tests {
-		b := s.bucketKey(tt.key)
-		if want := "p:{" + tag(b) + "}b:" + tt.key; b != want || len(tag(b)) != 16 {
-			t.Errorf("bucketKey(%q) = %q, want %q with a 16-digit tag", tt.key, b, want)
+		b := s.bucketKey(tt.policy, tt.key)
+		if want := fmt.Sprintf("p:{%s}b:%d:%s%s", tag(b), len(tt.policy), tt.policy, tt.key); b != want || len(tag(b)) != 16 {
+			t.Errorf("bucketKey(%q, %q) = %q, want %q with a 16-digit tag", tt.policy, tt.key, b, want)
 		}
-		if r := s.recordKey(tt.key, tt.id); tag(r) != tag(b) {
-			t.Errorf("recordKey(%q, %q) = %q: tag %q, want the bucket's %q", tt.key, tt.id, r, tag(r), tag(b))
+		r := s.recordKey(tt.policy, tt.key, tt.id)
+		if want := fmt.Sprintf("p:{%s}r:%d:%s%d:%s%s", tag(b), len(tt.policy), tt.policy, len(tt.key), tt.key, tt.id); r != want {
+			t.Errorf("recordKey(%q, %q, %q) = %q, want %q (the bucket's tag)", tt.policy, tt.key, tt.id, r, want)
 		}
-		if other, ok := seen[tag(b)]; ok {
-			t.Errorf("keys %q and %q share the tag %q", tt.key, other, tag(b))
+		if other, ok := buckets[b]; ok {
+			t.Errorf("pairs %q and %q share the bucket key %q", other, [2]string{tt.policy, tt.key}, b)
 		}
-		seen[tag(b)] = tt.key
+		if other, ok := records[r]; ok {
+			t.Errorf("requests %q and %q share the record key %q", other, [3]string{tt.policy, tt.key, tt.id}, r)
+		}
+		if other, ok := tags[tag(b)]; ok {
+			t.Errorf("pairs %q and %q share the tag %q", other, [2]string{tt.policy, tt.key}, tag(b))
+		}
+		buckets[b], records[r], tags[tag(b)] = [2]string{tt.policy, tt.key}, [3]string{tt.policy, tt.key, tt.id}, [2]string{tt.policy, tt.key}
 	}
-	if a, b := s.recordKey("ab", "c"), s.recordKey("a", "bc"); a == b {
-		t.Errorf("recordKey(%q, %q) = recordKey(%q, %q) = %q", "ab", "c", "a", "bc", a)
+	if a, b := s.recordKey("p", "ab", "c"), s.recordKey("p", "a", "bc"); a == b {
+		t.Errorf("recordKey(%q, %q, %q) = recordKey(%q, %q, %q) = %q", "p", "ab", "c", "p", "a", "bc", a)
 	}
 }
 
@@ -541,11 +554,11 @@ func TestClusterSlots(t *testing.T) {
 	slots := map[int64]bool{}
 	for i := range 1000 {
 		key := fmt.Sprintf("{user}%d", i)
-		b, err := c.ClusterKeySlot(ctx, s.bucketKey(key)).Result()
+		b, err := c.ClusterKeySlot(ctx, s.bucketKey(testPolicy, key)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := c.ClusterKeySlot(ctx, s.recordKey(key, "{id}")).Result()
+		r, err := c.ClusterKeySlot(ctx, s.recordKey(testPolicy, key, "{id}")).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -580,7 +593,7 @@ func TestCheckLimit(t *testing.T) {
 		{sluice.Limit{Capacity: 0, Rate: sluice.PerSecond(1)}, "capacity 0"},
 	}
 	for _, tt := range tests {
-		err := CheckLimit(tt.l)
+		err := checkLimit(tt.l)
 		if tt.want == "" {
 			if err != nil {
 				t.Errorf("CheckLimit(%v) = %v, want nil", tt.l, err)
@@ -593,21 +606,24 @@ func TestCheckLimit(t *testing.T) {
 	}
 }
 
-// TestNewOptions: bad options are errors; New does no I/O.
+// TestNewOptions: a bad option is an error wrapping sluice.ErrInvalidOption
+// that names it, never repaired; New does no I/O.
 func TestNewOptions(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // nothing listens
+	c := offline(t)
 	tests := []struct {
 		name string
 		o    Options
-		want string
+		want string // the option named in the error; "" for accepted
 	}{
 		{"zero", Options{}, ""},
-		{"prefix with {", Options{Prefix: "a{"}, "contains '{' or '}'"},
-		{"prefix with }", Options{Prefix: "}"}, "contains '{' or '}'"},
-		{"unknown policy", Options{OnLimitChange: 7}, "unknown"},
-		{"negative request-ID TTL", Options{RequestIDTTL: -1}, "negative"},
-		{"negative minimum TTL", Options{MinTTL: -time.Second}, "negative"},
-		{"negative batch", Options{Batch: -1}, "batch size -1 is negative"},
+		{"prefix with {", Options{Prefix: "a{"}, "Prefix"},
+		{"prefix with }", Options{Prefix: "}"}, "Prefix"},
+		{"unknown conversion", Options{OnLimitChange: 7}, "OnLimitChange"},
+		{"negative request-ID TTL", Options{RequestIDTTL: -1}, "RequestIDTTL"},
+		{"request-ID TTL beyond 2^53 µs", Options{RequestIDTTL: 286 * 365 * 24 * time.Hour}, "RequestIDTTL"},
+		{"request-ID TTL of 2^53 - 1 µs", Options{RequestIDTTL: (1<<53 - 1) * time.Microsecond}, ""},
+		{"negative minimum TTL", Options{MinTTL: -time.Second}, "MinTTL"},
+		{"negative batch", Options{Batch: -1}, "Batch"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -616,19 +632,19 @@ func TestNewOptions(t *testing.T) {
 				if err != nil || s == nil {
 					t.Fatalf("New(%+v) = %v, %v; want a store", tt.o, s, err)
 				}
-				if s.prefix != DefaultPrefix || s.idTTL != int64(DefaultRequestIDTTL/time.Microsecond) {
-					t.Errorf("New(%+v): prefix %q, request-ID TTL %dµs; want the defaults", tt.o, s.prefix, s.idTTL)
-				}
 				return
 			}
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("New(%+v) = %v, %v; want an error saying %q", tt.o, s, err, tt.want)
+			if !errors.Is(err, sluice.ErrInvalidOption) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New(%+v) = %v, %v; want an error wrapping %v that names %s", tt.o, s, err, sluice.ErrInvalidOption, tt.want)
 			}
 		})
 	}
+	if s, err := New(c, Options{}); err != nil || s.prefix != DefaultPrefix || s.idTTL != int64(DefaultRequestIDTTL/time.Microsecond) {
+		t.Errorf("New(zero Options) = %+v, %v; want the default prefix and request-ID TTL", s, err)
+	}
 	// Batching needs pipelines: a client with only Process cannot batch.
-	if s, err := New(processOnly{c}, Options{Batch: 2}); err == nil || !strings.Contains(err.Error(), "needs a client with go-redis pipelines") {
-		t.Errorf("New(a client without Pipeline, Batch 2) = %v, %v; want an error", s, err)
+	if s, err := New(processOnly{c}, Options{Batch: 2}); !errors.Is(err, sluice.ErrInvalidOption) || !strings.Contains(err.Error(), "Batch") {
+		t.Errorf("New(a client without Pipeline, Batch 2) = %v, %v; want an error wrapping %v that names Batch", s, err, sluice.ErrInvalidOption)
 	}
 	if _, err := New(processOnly{c}, Options{Batch: 1}); err != nil {
 		t.Errorf("New(a client without Pipeline, Batch 1) = %v; want a store (1 is no batching)", err)
@@ -658,8 +674,8 @@ func TestNewOptions(t *testing.T) {
 			t.Errorf("%s: batches of %d; want %d (0: none)", tt.name, got, tt.batched)
 		}
 	}
-	if _, err := New(nil, Options{}); err == nil {
-		t.Error("New(nil, ...) succeeded")
+	if s, err := New(nil, Options{}); !errors.Is(err, sluice.ErrInvalidOption) {
+		t.Errorf("New(nil, ...) = %v, %v; want an error wrapping %v", s, err, sluice.ErrInvalidOption)
 	}
 }
 
@@ -668,7 +684,7 @@ func TestNewOptions(t *testing.T) {
 func TestExplicitTimeRange(t *testing.T) {
 	l := sluice.Limit{Capacity: 1, Rate: sluice.PerSecond(1)}
 	for _, at := range []time.Time{time.Date(2019, 12, 31, 23, 59, 59, 0, time.UTC), time.Date(2306, 1, 1, 0, 0, 0, 0, time.UTC)} {
-		s, err := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), Options{Now: func() time.Time { return at }})
+		s, err := New(offline(t), Options{Now: func() time.Time { return at }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -722,7 +738,7 @@ func TestBatchWithdrawsQueued(t *testing.T) {
 	if firstErr != nil || !first.Allowed || first.Remaining != 9 {
 		t.Fatalf("the Take in flight = %+v, %v; want allowed with 9 remaining", first, firstErr)
 	}
-	if n, err := c.Exists(ctx, s.bucketKey("b")).Result(); err != nil || n != 0 {
+	if n, err := c.Exists(ctx, s.bucketKey(testPolicy, "b")).Result(); err != nil || n != 0 {
 		t.Fatalf("EXISTS of the withdrawn take's bucket = %d, %v; want 0 (never sent)", n, err)
 	}
 	// "a" went alone, as the first caller's command does; a pipeline would
@@ -801,7 +817,7 @@ func TestRestartDuringLoad(t *testing.T) {
 		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
 			srv := redistest.Private(t)
 			c := redis.NewClient(&redis.Options{
-				Addr: srv.Addr(), MaxRetries: -1, DialerRetries: 1, PoolSize: workers,
+				Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1, PoolSize: workers,
 				DialTimeout: 100 * time.Millisecond, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond,
 			})
 			t.Cleanup(func() { c.Close() })
@@ -884,7 +900,7 @@ func TestResendWhenRefusedUnrun(t *testing.T) {
 	for _, batch := range batchModes {
 		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
 			srv := redistest.Private(t)
-			c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 			t.Cleanup(func() { c.Close() })
 			ctx := t.Context()
 			if err := c.ConfigSet(ctx, "busy-reply-threshold", "100").Err(); err != nil {

@@ -74,8 +74,10 @@ func Stop() {
 
 // Options returns client options for the standalone test server: the one
 // SLUICE_REDIS_URL (or DefaultURL) names if it answers a PING within a
-// second, else a private redis-server. It skips t (fails it with CI=true)
-// if neither can be had. Each call returns a fresh copy.
+// second, else a private redis-server. ContextTimeoutEnabled is set, so the
+// client keeps each caller's deadline (redisstore.New refuses a client
+// without it). It skips t (fails it with CI=true) if neither can be had.
+// Each call returns a fresh copy.
 func Options(t testing.TB) *redis.Options {
 	t.Helper()
 	o, err := Find()
@@ -107,15 +109,16 @@ func Client(t testing.TB) *redis.Client {
 
 // ClusterOptions returns client options for a private Redis Cluster of
 // three masters on loopback, started on first use and shared by the tests
-// of the package. It skips t (fails it with CI=true) if redis-server or
-// redis-cli is missing or the cluster does not come up.
+// of the package, with ContextTimeoutEnabled set as in Options. It skips t
+// (fails it with CI=true) if redis-server or redis-cli is missing or the
+// cluster does not come up.
 func ClusterOptions(t testing.TB) *redis.ClusterOptions {
 	t.Helper()
 	clusterOnce.Do(func() { clusterAddrs, clusterErr = startCluster() })
 	if clusterErr != nil {
 		unavailable(t, clusterErr)
 	}
-	return &redis.ClusterOptions{Addrs: append([]string(nil), clusterAddrs...)}
+	return &redis.ClusterOptions{Addrs: append([]string(nil), clusterAddrs...), ContextTimeoutEnabled: true}
 }
 
 // ClusterClient returns a client of the private cluster (see
@@ -226,6 +229,7 @@ func findStandalone() (*redis.Options, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s=%q: %w", EnvURL, url, err)
 	}
+	o.ContextTimeoutEnabled = true
 	if err := ping(o.Addr, o); err == nil {
 		return o, nil
 	}
@@ -233,7 +237,7 @@ func findStandalone() (*redis.Options, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nothing answers at %s and no private server: %w", url, err)
 	}
-	return &redis.Options{Addr: s.addr}, nil
+	return &redis.Options{Addr: s.addr, ContextTimeoutEnabled: true}, nil
 }
 
 // ping checks that a server answers at addr, with o's credentials if any.

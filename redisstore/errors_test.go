@@ -1,0 +1,206 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/faultproxy"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// TestErrorsSayWhatFailed: a value Sluice did not write under one of its
+// keys (another application's text, another type) is a deployment mistake,
+// an error wrapping sluice.ErrMisconfigured and never sluice.ErrUnavailable,
+// so that a failure policy returns it rather than deciding in the store's
+// place; a server that refuses connections or serves read-only (a replica)
+// is an outage, wrapping sluice.ErrUnavailable.
+func TestErrorsSayWhatFailed(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := t.Context()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
+	s := newStore(t, c, Options{Batch: 1})
+	foreign := []struct {
+		name string
+		set  func(bucket, record string) error
+		id   string
+	}{
+		{"text under the bucket key", func(b, _ string) error { return c.Set(ctx, b, "another app's value", 0).Err() }, ""},
+		{"a hash under the bucket key", func(b, _ string) error { return c.HSet(ctx, b, "f", "v").Err() }, ""},
+		{"a list under the request-ID key", func(_, r string) error { return c.RPush(ctx, r, "x").Err() }, "id"},
+		{"text under the request-ID key", func(_, r string) error { return c.Set(ctx, r, "x", 0).Err() }, "id"},
+	}
+	for i, tt := range foreign {
+		key := fmt.Sprint("k", i)
+		if err := tt.set(s.bucketKey(testPolicy, key), s.recordKey(testPolicy, key, "id")); err != nil {
+			t.Fatal(err)
+		}
+		r := sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: l, RequestID: tt.id}
+		_, err := s.Take(ctx, r)
+		if !errors.Is(err, sluice.ErrMisconfigured) || sluice.IsUnavailable(err) {
+			t.Errorf("%s: Take error %v; want one wrapping %v and not %v", tt.name, err, sluice.ErrMisconfigured, sluice.ErrUnavailable)
+		}
+		if tt.id == "" {
+			r.Cost = 1
+			if _, err := s.Peek(ctx, r); !errors.Is(err, sluice.ErrMisconfigured) || sluice.IsUnavailable(err) {
+				t.Errorf("%s: Peek error %v; want one wrapping %v and not %v", tt.name, err, sluice.ErrMisconfigured, sluice.ErrUnavailable)
+			}
+		}
+	}
+
+	// Outages: a server that is gone, and a replica that refuses writes.
+	gone := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { gone.Close() })
+	master := redistest.Private(t)
+	replica := master.Replica(t)
+	readOnly := redis.NewClient(&redis.Options{Addr: replica.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { readOnly.Close() })
+	for name, c := range map[string]Client{"refused": gone, "replica": readOnly} {
+		s, err := New(c, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l}); !sluice.IsUnavailable(err) || errors.Is(err, sluice.ErrMisconfigured) {
+			t.Errorf("%s: Take error %v; want one wrapping %v and not %v", name, err, sluice.ErrUnavailable, sluice.ErrMisconfigured)
+		}
+	}
+}
+
+// TestBatchForeignValueFailsOnlyItsOwn: with batching on a standalone
+// server, takes queued together share one script call whatever their
+// keys; a bucket key holding a value Sluice did not write fails the takes
+// of that bucket alone, and the others in the same call are decided.
+func TestBatchForeignValueFailsOnlyItsOwn(t *testing.T) {
+	ctx := t.Context()
+	direct := redistest.Client(t)
+	p, err := faultproxy.New(redistest.Options(t).Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	o := redistest.Options(t)
+	o.Addr = p.Addr()
+	via := redis.NewClient(o)
+	t.Cleanup(func() { via.Close() })
+	s, err := New(via, Options{Prefix: newPrefix(t, direct), Batch: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
+	if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "warm", Cost: 1, Limit: l}); err != nil {
+		t.Fatal(err) // loads the script
+	}
+	if err := direct.Set(ctx, s.bucketKey(testPolicy, "text"), "another app's value", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := direct.HSet(ctx, s.bucketKey(testPolicy, "hash"), "f", "v").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The first take goes alone and waits 200 ms for its reply; the
+	// others queue meanwhile and go in the next pipeline, in one call.
+	p.SetLatency(200 * time.Millisecond)
+	defer p.SetLatency(0)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "first", Cost: 1, Limit: l}); err != nil || !d.Allowed {
+			t.Errorf("the take in flight = %+v, %v; want allowed", d, err)
+		}
+	})
+	time.Sleep(50 * time.Millisecond)
+	keys := []string{"a", "text", "b", "hash", "c", "a"}
+	errs := make([]error, len(keys))
+	decisions := make([]sluice.Decision, len(keys))
+	for i, k := range keys {
+		wg.Go(func() {
+			decisions[i], errs[i] = s.Take(ctx, sluice.Request{Policy: testPolicy, Key: k, Cost: 1, Limit: l})
+		})
+	}
+	wg.Wait()
+	if sh := s.Stats().SharedTakes; sh != uint64(len(keys)-1) {
+		t.Fatalf("Stats().SharedTakes = %d; want %d (the queued takes in one call)", sh, len(keys)-1)
+	}
+	remaining := map[string]int64{}
+	for i, k := range keys {
+		switch k {
+		case "text", "hash":
+			if !errors.Is(errs[i], sluice.ErrMisconfigured) {
+				t.Errorf("Take(%q) of a foreign value = %+v, %v; want an error wrapping %v", k, decisions[i], errs[i], sluice.ErrMisconfigured)
+			}
+		default:
+			if errs[i] != nil || !decisions[i].Allowed {
+				t.Errorf("Take(%q) batched with foreign values = %+v, %v; want allowed", k, decisions[i], errs[i])
+			}
+			remaining[k] += 1
+		}
+	}
+	for k, n := range remaining {
+		d, err := s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: k, Cost: 1, Limit: l})
+		if err != nil || d.Remaining != l.Capacity-n {
+			t.Errorf("Peek(%q) = %+v, %v; want %d remaining (charged once a take)", k, d, err, l.Capacity-n)
+		}
+	}
+}
+
+// TestOneScriptLoadPerFlush: after the servers lose the script (SCRIPT
+// FLUSH, as a restart does), 16 callers meeting NOSCRIPT at once make one
+// load per server between them, and every decision succeeds: three rounds,
+// on a private standalone server and on the cluster, batched and not.
+func TestOneScriptLoadPerFlush(t *testing.T) {
+	const callers = 16
+	srv := redistest.Private(t)
+	standalone := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: callers})
+	t.Cleanup(func() { standalone.Close() })
+	clients := map[string]client{"standalone": standalone}
+	if !testing.Short() {
+		clients["cluster"] = redistest.ClusterClient(t)
+	}
+	l := sluice.Limit{Capacity: 1_000_000, Rate: sluice.Per(1, time.Hour)}
+	for name, c := range clients {
+		for _, batch := range batchModes {
+			t.Run(fmt.Sprintf("%s/batch=%d", name, batch), func(t *testing.T) {
+				ctx := t.Context()
+				s := newStore(t, c, Options{Batch: batch})
+				keys := make([]string, callers)
+				nodes := map[string]bool{}
+				for i := range keys {
+					keys[i] = fmt.Sprint("k", i)
+					addr := ""
+					if cc, ok := c.(*redis.ClusterClient); ok {
+						n, err := cc.MasterForKey(ctx, s.bucketKey(testPolicy, keys[i]))
+						if err != nil {
+							t.Fatal(err)
+						}
+						addr = n.Options().Addr
+					}
+					nodes[addr] = true
+				}
+				for round := range 3 {
+					if err := forEachNode(ctx, c, func(ctx context.Context, n redis.Cmdable) error { return n.ScriptFlush(ctx).Err() }); err != nil {
+						t.Fatal(err)
+					}
+					before := s.Stats().ScriptLoads
+					start := make(chan struct{})
+					var wg sync.WaitGroup
+					for _, k := range keys {
+						wg.Go(func() {
+							<-start
+							if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: k, Cost: 1, Limit: l}); err != nil {
+								t.Errorf("round %d: Take(%q) = %v", round, k, err)
+							}
+						})
+					}
+					close(start)
+					wg.Wait()
+					if got := s.Stats().ScriptLoads - before; got != uint64(len(nodes)) {
+						t.Errorf("round %d: %d callers after SCRIPT FLUSH made %d script loads; want %d (one per server)", round, callers, got, len(nodes))
+					}
+				}
+			})
+		}
+	}
+}
