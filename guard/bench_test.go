@@ -9,8 +9,21 @@ import (
 	"github.com/sluicehq/sluice/memstore"
 )
 
+// nonBlocking is a store that reports itself guard.NonBlocking.
+type nonBlocking struct{ sluice.Store }
+
+func (nonBlocking) NonBlocking() bool { return true }
+
+// mayBlock is a store that does not implement guard.NonBlocking, whatever
+// the store it wraps does.
+type mayBlock struct{ sluice.Store }
+
 // BenchmarkTake measures what the guard adds to a store's Take: the store
-// here is memstore, so the numbers are the guard's own cost.
+// here is memstore, so the numbers are the guard's own cost. "guard" wraps
+// memstore as it is; "guard-goroutine" runs each call on a goroutine of its
+// own with the guard's deadline, as for a store that may block;
+// "guard-nonblocking" calls the store on the caller's goroutine, as for a
+// store that implements guard.NonBlocking.
 func BenchmarkTake(b *testing.B) {
 	l := sluice.Limit{Capacity: 1 << 40, Rate: sluice.PerSecond(1 << 40)}
 	ms := newMemstore(b, memstore.Options{})
@@ -20,6 +33,8 @@ func BenchmarkTake(b *testing.B) {
 	}{
 		{"memstore", ms},
 		{"guard", mustNew(b, ms, guard.Options{})},
+		{"guard-goroutine", mustNew(b, mayBlock{ms}, guard.Options{})},
+		{"guard-nonblocking", mustNew(b, nonBlocking{ms}, guard.Options{})},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			ctx, cancel := context.WithCancel(context.Background())

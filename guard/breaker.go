@@ -13,11 +13,11 @@ type BreakerState uint8
 const (
 	// BreakerClosed: every call goes to the store.
 	BreakerClosed BreakerState = iota
-	// BreakerOpen: no call goes to the store; the policy answers at once
+	// BreakerOpen: no call goes to the store; the failure mode answers at once
 	// until the probe interval has passed.
 	BreakerOpen
 	// BreakerHalfOpen: one call (the probe) is with the store; the others
-	// are answered by the policy. The probe's success closes the breaker,
+	// are answered by the failure mode. The probe's success closes the breaker,
 	// its failure opens it for another interval.
 	BreakerHalfOpen
 )

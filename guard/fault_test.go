@@ -41,8 +41,8 @@ type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
 
-// Load and bounds of the fault tests (shared/research/reliability.md §6.4,
-// T-PR scale).
+// Load and bounds of the fault tests: 200 decisions a second, and the
+// latencies docs/failure.md promises.
 const (
 	workers      = 8
 	tick         = 40 * time.Millisecond // per worker: 8 × 25/s = 200/s
@@ -62,7 +62,7 @@ type rig struct {
 	// control is a decision without I/O that each worker times after each
 	// of its decisions: the machine's own scheduling noise (go test runs
 	// other packages at the same time), which the latency bounds allow
-	// for on top of the research's figures.
+	// for on top of the bounds.
 	control *memstore.Store
 
 	base   time.Time
@@ -340,7 +340,7 @@ func (r *rig) lift(t *testing.T, f *fault, end func() error) {
 	f.restored = r.since()
 }
 
-// checkOutage checks what every policy must do during a fault: every
+// checkOutage checks what every failure mode must do during a fault: every
 // decision made while it was in place degraded and quick, the breaker open
 // within a second and quicker still once open, and a store-backed decision
 // within maxRecovery after it was lifted. It returns the decisions made
@@ -407,16 +407,16 @@ func checkOutage(t *testing.T, r *rig, samples []sample, f *fault, maxRecovery t
 }
 
 // TestOutage: Redis unreachable for 3s (the proxy cuts every connection
-// and refuses new ones, as a killed server would), then back. Each policy
+// and refuses new ones, as a killed server would), then back. Each mode
 // holds exactly during the outage.
 func TestOutage(t *testing.T) {
 	big := sluice.Limit{Capacity: 1 << 20, Rate: sluice.PerSecond(1 << 20)}
 	small := sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(40)}
 	const divisor = 4
 	tests := []struct {
-		policy guard.FailureMode
-		limit  sluice.Limit
-		check  func(t *testing.T, all, outage []sample)
+		mode  guard.FailureMode
+		limit sluice.Limit
+		check func(t *testing.T, all, outage []sample)
 	}{
 		{guard.FailOpen, big, func(t *testing.T, all, outage []sample) {
 			for _, s := range outage {
@@ -482,8 +482,8 @@ func TestOutage(t *testing.T) {
 		}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.policy.String(), func(t *testing.T) {
-			r := newRig(t, guard.Options{FailureMode: tt.policy, LocalDivisor: divisor})
+		t.Run(tt.mode.String(), func(t *testing.T) {
+			r := newRig(t, guard.Options{FailureMode: tt.mode, LocalDivisor: divisor})
 			ld := r.startLoad(4, tt.limit)
 			time.Sleep(time.Second)
 			f := r.inject(r.proxy.Refuse)
@@ -498,7 +498,7 @@ func TestOutage(t *testing.T) {
 }
 
 // TestLostReplies: for 2s every reply from Redis is lost after the script
-// ran. Calls time out at the deadline, the policy answers, and Redis
+// ran. Calls time out at the deadline, the failure mode answers, and Redis
 // charged each lost call at most once: the guard never retries, and
 // neither does the client.
 func TestLostReplies(t *testing.T) {

@@ -1,33 +1,59 @@
-// Package guard wraps any sluice.Store with a failure policy, so that no
-// store repeats it: every call to the store gets a deadline, and when the
-// store fails or does not answer in time a named policy decides instead —
-// deny (FailClosed), allow (FailOpen), or decide against an in-process
-// bucket holding a fraction of the limit (FailLocal). A circuit breaker
-// stops calling a failing store and probes it back.
+// Package guard wraps any sluice.Store with a failure mode, so that no
+// store repeats it: every call to the store has a deadline the guard keeps
+// itself, and when the store fails or does not answer in time a named
+// failure mode decides instead — deny (FailClosed), allow (FailOpen), or
+// decide against an in-process bucket holding a fraction of the limit
+// (FailLocal). A circuit breaker stops calling a failing store and probes it
+// back.
 //
 // # Degraded decisions
 //
-// A decision made by the policy instead of the store is returned with a nil
-// error and Decision.Degraded set, whatever the policy: a caller that
+// A decision made by the failure mode instead of the store is returned with
+// a nil error and Decision.Degraded set, whatever the mode: a caller that
 // follows the sluice.Store contract keeps working (FailOpen really lets the
 // traffic through), and a caller that must tell an outage from a quota
 // denial checks Degraded — the service answers a degraded denial with 503,
-// never 429. The cause (the store's error, ErrTimeout, or ErrBreakerOpen)
-// goes to Hooks.Degraded with the call's context, and Status reports the
-// breaker's state and the last store error.
+// never 429. The cause (the store's error, ErrTimeout, ErrBreakerOpen or
+// ErrStalled) goes to Hooks.Degraded with the call's context, and Status
+// reports the breaker's state and the last store error.
+//
+// # The deadline
+//
+// The guard does not rely on the store to honour its context. Each call to
+// the store runs on a goroutine of its own while the caller waits for the
+// earlier of its own deadline and Options.Timeout; at that moment the caller
+// gets its answer, whatever the store is doing. The store's context carries
+// the same deadline, so a store that honours it stops at once; a store that
+// does not goes on in the background, abandoned (its result is dropped). At
+// most Options.MaxStalled abandoned calls may be running at a time: while
+// that many are, the guard calls the store no more and degrades every
+// decision at once, with a cause wrapping ErrStalled (Status counts them).
+// A store that never waits for I/O, such as memstore, can say so by
+// implementing NonBlocking; the guard then calls it on the caller's
+// goroutine, with no goroutine and no deadline of its own.
+//
+// Whose deadline ended the call decides what it means. If it was the
+// guard's (Options.Timeout was the earlier deadline), the call is a store
+// failure whose cause wraps ErrTimeout, however the store reported it (a
+// socket deadline set from the context can fire a moment before the
+// context's own timer). If it was the caller's (its deadline was the
+// earlier one, or it canceled), the caller gets its own context's error,
+// nothing is degraded and the breaker counts nothing: nobody is waiting for
+// a decision, and the store is not to blame. Keep Options.Timeout below the
+// callers' deadlines.
 //
 // # What stays an error
 //
 // Bad parameters are never degraded: Take and Peek validate them before the
 // store is called and return errors wrapping the sluice sentinels. An error
-// the store returns that wraps ErrInvalidKey, ErrInvalidCost,
-// ErrInvalidLimit (a store may refuse more limits than sluice does),
-// ErrInvalidRequestID, ErrRequestIDConflict or ErrTooManyKeys is the
-// store's answer, not a failure: it is returned as it is and counts as a
-// success for the breaker. The error of a call whose context the caller
-// ended (canceled, or the caller's own deadline passed) is returned too,
-// and the breaker does not count it: nobody is waiting for a decision.
-// Keep Options.Timeout below the callers' deadlines.
+// the store returns that sluice.IsInvalid reports (a store may refuse more
+// limits than sluice does), or that wraps sluice.ErrTooManyKeys or
+// sluice.ErrMisconfigured (the store is reachable but not set up for
+// Sluice: a deployment mistake, not an outage), is the store's answer: it is
+// returned as it is, never degraded, and counts as a success for the
+// breaker. Every other error — sluice.ErrUnavailable, a timeout, and any
+// error the guard does not know — is a store failure: the failure mode
+// decides, and the breaker counts it.
 //
 // # No retries
 //
@@ -35,18 +61,20 @@
 // been charged (its reply was lost); a second call could charge again. A
 // caller that retries on its own should send a request ID.
 //
-// # No goroutines
+// # Goroutines
 //
-// The guard starts none: the breaker is driven by the calls and the clock
-// (a call that finds the probe interval elapsed becomes the probe), and the
-// local buckets of FailLocal live in a memstore.Store without a sweeper.
-// There is nothing to close.
+// The guard starts one goroutine per store call (none for a NonBlocking
+// store), which ends when the store's call returns, and no other: the
+// breaker is driven by the calls and the clock (a call that finds the probe
+// interval elapsed becomes the probe), and the local buckets of FailLocal
+// live in a memstore.Store without a sweeper. There is nothing to close.
 package guard
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -58,24 +86,43 @@ import (
 // error of Take or Peek.
 var (
 	// ErrTimeout means the store did not answer within Options.Timeout. It
-	// wraps the error the store returned when its deadline passed. The
-	// store may have made (and charged) the decision nonetheless.
+	// wraps the error the store returned at its deadline, or
+	// context.DeadlineExceeded if the store had not returned when the guard
+	// stopped waiting. The store may have made (and charged) the decision
+	// nonetheless.
 	ErrTimeout = errors.New("guard: store did not answer in time")
 	// ErrBreakerOpen means the store was not called because the circuit
 	// breaker is open. It wraps the store error that opened the breaker.
 	ErrBreakerOpen = errors.New("guard: circuit breaker open")
+	// ErrStalled means the store was not called because Options.MaxStalled
+	// of its calls are still running after the guard stopped waiting for
+	// them: the store does not honour its context, and is stuck.
+	ErrStalled = errors.New("guard: too many store calls still running past their deadline")
 )
+
+// NonBlocking is implemented by a store whose Take and Peek never wait for
+// I/O, another process or a lock held across such a wait, so that they
+// return promptly whatever happens elsewhere. If NonBlocking returns true,
+// the guard calls the store on the caller's goroutine and gives it the
+// caller's context as it is: there is nothing a deadline could cut short,
+// and the call costs no goroutine and no timer. The answer must not change
+// over the store's life. A store that wraps another (promstore.Store)
+// reports the store it wraps. A store that does not implement NonBlocking is
+// treated as one that may block.
+type NonBlocking interface {
+	NonBlocking() bool
+}
 
 // FailureMode names what decides when the store cannot: the zero value is
 // FailLocal.
 type FailureMode uint8
 
 const (
-	// FailLocal decides against an in-process bucket per key holding
-	// 1/LocalDivisor of the limit: capacity and rate both scaled (see
-	// LocalLimit). Over an outage of length T each instance allows a key
-	// at most C/N + (r/N)·T, so N instances together stay within the
-	// limit. The default, as the research (reliability.md §7) advises.
+	// FailLocal decides against an in-process bucket per (policy, key)
+	// holding 1/LocalDivisor of the limit: capacity and rate both scaled
+	// (see LocalLimit). Over an outage of length T each instance allows a
+	// key at most C/N + (r/N)·T, so N instances together stay within the
+	// limit. The default.
 	FailLocal FailureMode = iota
 	// FailClosed denies: Allowed false, Degraded true, RetryAfter the
 	// probe interval (a hint, not an exact wait). For endpoints where an
@@ -86,9 +133,10 @@ const (
 	FailOpen
 )
 
-// String returns "local", "closed" or "open", the names ParseFailureMode reads.
-func (p FailureMode) String() string {
-	switch p {
+// String returns "local", "closed" or "open", the names ParseFailureMode
+// reads.
+func (m FailureMode) String() string {
+	switch m {
 	case FailLocal:
 		return "local"
 	case FailClosed:
@@ -96,10 +144,11 @@ func (p FailureMode) String() string {
 	case FailOpen:
 		return "open"
 	}
-	return fmt.Sprintf("FailureMode(%d)", uint8(p))
+	return fmt.Sprintf("FailureMode(%d)", uint8(m))
 }
 
-// ParseFailureMode returns the FailureMode named "local", "closed" or "open".
+// ParseFailureMode returns the FailureMode named "local", "closed" or
+// "open". The error wraps sluice.ErrInvalidOption.
 func ParseFailureMode(s string) (FailureMode, error) {
 	switch s {
 	case "local":
@@ -109,29 +158,39 @@ func ParseFailureMode(s string) (FailureMode, error) {
 	case "open":
 		return FailOpen, nil
 	}
-	return 0, fmt.Errorf("guard: failure policy %q is unknown; use \"local\", \"closed\" or \"open\"", s)
+	return 0, fmt.Errorf("%w: guard failure mode %q is unknown; use \"local\", \"closed\" or \"open\"", sluice.ErrInvalidOption, s)
+}
+
+// Validate reports whether m is one of the defined failure modes. The error
+// wraps sluice.ErrInvalidOption.
+func (m FailureMode) Validate() error {
+	if m > FailOpen {
+		return fmt.Errorf("%w: guard failure mode %d is unknown; use FailLocal, FailClosed or FailOpen", sluice.ErrInvalidOption, uint8(m))
+	}
+	return nil
 }
 
 // MarshalText implements encoding.TextMarshaler with the names of String.
-func (p FailureMode) MarshalText() ([]byte, error) {
-	if p > FailOpen {
-		return nil, fmt.Errorf("guard: failure policy %d is unknown", uint8(p))
+// The error of an unknown mode wraps sluice.ErrInvalidOption.
+func (m FailureMode) MarshalText() ([]byte, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
 	}
-	return []byte(p.String()), nil
+	return []byte(m.String()), nil
 }
 
-// UnmarshalText implements encoding.TextUnmarshaler with ParseFailureMode, for
-// configuration files.
-func (p *FailureMode) UnmarshalText(b []byte) error {
+// UnmarshalText implements encoding.TextUnmarshaler with ParseFailureMode,
+// for configuration files.
+func (m *FailureMode) UnmarshalText(b []byte) error {
 	v, err := ParseFailureMode(string(b))
 	if err != nil {
 		return err
 	}
-	*p = v
+	*m = v
 	return nil
 }
 
-// Defaults for the zero Options (reliability.md §7).
+// Defaults for the zero Options.
 const (
 	DefaultTimeout             = 50 * time.Millisecond
 	DefaultConsecutiveFailures = 5
@@ -141,55 +200,93 @@ const (
 	DefaultProbeInterval       = 500 * time.Millisecond
 	DefaultLocalDivisor        = 1
 	DefaultLocalMaxKeys        = 1 << 16
+	DefaultMaxStalled          = 256
 )
 
 // Options configure a Store. The zero value of every field means its
-// documented default.
+// documented default; a value out of range makes New fail.
 type Options struct {
-	// FailureMode decides when the store cannot. Default FailLocal. A
-	// value that names no mode is treated as FailClosed.
+	// FailureMode decides when the store cannot. Default FailLocal.
 	FailureMode FailureMode
 	// LocalDivisor is N for FailLocal: each local bucket holds 1/N of the
 	// request's limit. Set it to the number of instances sharing the
 	// store. Default 1 (each instance may allow the whole limit during an
-	// outage); values below 1 mean the default.
+	// outage); negative is refused.
 	LocalDivisor int64
 	// LocalMaxKeys bounds the number of local buckets. A new key finding
 	// them all in use and none full is denied (degraded). Default
-	// DefaultLocalMaxKeys (65,536; about 6 MiB).
+	// DefaultLocalMaxKeys (65,536; about 6 MiB); negative is refused.
 	LocalMaxKeys int
 
 	// Timeout is the deadline of every store call (the caller's earlier
 	// deadline, if any, still applies). A call past it is a failure whose
-	// cause wraps ErrTimeout. Default DefaultTimeout (50ms); zero or
-	// negative means the default: every call has a deadline. The store
-	// must honour its context (for go-redis: ContextTimeoutEnabled).
+	// cause wraps ErrTimeout; the guard answers at the deadline whether or
+	// not the store honours its context. Default DefaultTimeout (50ms):
+	// every call has a deadline; negative is refused.
 	Timeout time.Duration
+	// MaxStalled bounds the store calls still running after the guard
+	// stopped waiting for them (their deadline passed, or their caller
+	// gave up). While that many are running, decisions are degraded at
+	// once with a cause wrapping ErrStalled, without calling the store.
+	// Calls admitted at the same moment may each add one beyond it, so
+	// the goroutines left behind are at most MaxStalled plus the callers
+	// waiting at once. Default DefaultMaxStalled (256); negative is
+	// refused.
+	MaxStalled int
 
 	// ConsecutiveFailures opens the breaker after that many store failures
 	// in a row. Default 5; negative disables this trigger.
 	ConsecutiveFailures int
 	// FailurePercent opens the breaker when at least that percentage of
 	// the store calls of the last Window failed, once at least MinCalls
-	// were made in it. Default 50; values above 100 mean 100; negative
-	// disables this trigger.
+	// were made in it. Default 50; above 100 is refused; negative disables
+	// this trigger.
 	FailurePercent int
 	// Window is the sliding window of FailurePercent, kept in ten slots.
-	// Default 1s.
+	// Default 1s; negative is refused.
 	Window time.Duration
 	// MinCalls is the fewest calls in Window that FailurePercent judges.
-	// Default 10.
+	// Default 10; negative is refused.
 	MinCalls int
 	// ProbeInterval is how long the breaker stays open before one call is
 	// let through to the store as a probe; it closes if that call
-	// succeeds, and stays open another interval if not. Default 500ms.
+	// succeeds, and stays open another interval if not. Default 500ms;
+	// negative is refused.
 	ProbeInterval time.Duration
 
 	// Now is the clock of the breaker, of the latency Hooks.StoreCall
 	// reports and of the local buckets. Default time.Now (monotonic).
+	// Deadlines are context deadlines and run on the real clock.
 	Now func() time.Time
 	// Hooks observe the guard (metrics, logs). Default none.
 	Hooks Hooks
+}
+
+// validate checks every option against its range.
+func (o *Options) validate() error {
+	if err := o.FailureMode.Validate(); err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		name string
+		v    int64
+	}{
+		{"LocalDivisor", o.LocalDivisor},
+		{"LocalMaxKeys", int64(o.LocalMaxKeys)},
+		{"Timeout", int64(o.Timeout)},
+		{"MaxStalled", int64(o.MaxStalled)},
+		{"Window", int64(o.Window)},
+		{"MinCalls", int64(o.MinCalls)},
+		{"ProbeInterval", int64(o.ProbeInterval)},
+	} {
+		if c.v < 0 {
+			return fmt.Errorf("%w: guard option %s is %d; use 0 for the default or a positive value", sluice.ErrInvalidOption, c.name, c.v)
+		}
+	}
+	if o.FailurePercent > 100 {
+		return fmt.Errorf("%w: guard option FailurePercent is %d; use 1 to 100, 0 for the default (%d) or a negative value to disable it", sluice.ErrInvalidOption, o.FailurePercent, DefaultFailurePercent)
+	}
+	return nil
 }
 
 // Op names the Store method a call is for.
@@ -214,18 +311,22 @@ func (o Op) String() string {
 type Call struct {
 	// Op is the method called.
 	Op Op
-	// Took is the time the call took, on Options.Now.
+	// Policy is the request's policy name.
+	Policy string
+	// Took is the time the call took, on Options.Now: until the store
+	// answered, or until the guard stopped waiting.
 	Took time.Duration
 	// Err is nil if the store decided, the store's error (an answer such
-	// as ErrInvalidLimit, or a failure), or, when the deadline passed, an
-	// error wrapping ErrTimeout and the store's error.
+	// as ErrInvalidLimit, or a failure), an error wrapping ErrTimeout when
+	// the guard's deadline passed, or the caller's context error when the
+	// caller's did.
 	Err error
 	// Probe reports that the call was the breaker's probe.
 	Probe bool
 }
 
-// Degradation describes one decision made by the policy instead of the
-// store.
+// Degradation describes one decision made by the failure mode instead of
+// the store.
 type Degradation struct {
 	// Op is the method called.
 	Op Op
@@ -235,8 +336,8 @@ type Degradation struct {
 	FailureMode FailureMode
 	// Allowed is the decision's Allowed.
 	Allowed bool
-	// Cause is why the store did not decide: the store's error, an error
-	// wrapping ErrTimeout, or one wrapping ErrBreakerOpen.
+	// Cause is why the store did not decide: the store's error, or an
+	// error wrapping ErrTimeout, ErrBreakerOpen or ErrStalled.
 	Cause error
 }
 
@@ -245,7 +346,7 @@ type Degradation struct {
 // quick and safe for concurrent use, and must not call the guard.
 type Hooks struct {
 	// StoreCall is called after every call to the wrapped store, with the
-	// caller's context.
+	// caller's context, when the guard has its result or stops waiting.
 	StoreCall func(ctx context.Context, c Call)
 	// Degraded is called for every degraded decision, with the caller's
 	// context, before Take or Peek returns it: the place to log the
@@ -257,73 +358,111 @@ type Hooks struct {
 	BreakerChange func(from, to BreakerState)
 }
 
-// Store is a sluice.Store that applies a failure policy around another
+// Store is a sluice.Store that applies a failure mode around another
 // store. It is safe for concurrent use. Create one with New.
 type Store struct {
-	store   sluice.Store
-	policy  FailureMode
-	timeout time.Duration
-	probe   time.Duration
-	now     func() time.Time
-	hooks   Hooks
-	divisor int64
-	local   *memstore.Store // FailLocal only
-	br      breaker
+	store      sluice.Store
+	inline     bool // the store is NonBlocking: called on the caller's goroutine
+	mode       FailureMode
+	timeout    time.Duration
+	maxStalled int64
+	probe      time.Duration
+	now        func() time.Time
+	hooks      Hooks
+	divisor    int64
+	local      *memstore.Store // FailLocal only
+	br         breaker
+
+	stalled atomic.Int64  // abandoned store calls still running
+	skipped atomic.Uint64 // decisions degraded because of them
 }
 
-var _ sluice.Store = (*Store)(nil)
+var (
+	_ sluice.Store        = (*Store)(nil)
+	_ sluice.LimitChecker = (*Store)(nil)
+)
 
-// New returns a Store deciding in store, and by o.Policy when store fails.
-// Option values out of range are replaced by their defaults.
+// New returns a Store deciding in store, and by o.FailureMode when store
+// fails. It returns an error wrapping sluice.ErrInvalidOption, and no
+// Store, if store is nil or an option is out of range; the message names
+// the option and its allowed values.
 func New(store sluice.Store, o Options) (*Store, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: guard store is nil", sluice.ErrInvalidOption)
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
 	s := &Store{
-		store:   store,
-		policy:  o.FailureMode,
-		timeout: o.Timeout,
-		probe:   o.ProbeInterval,
-		now:     o.Now,
-		hooks:   o.Hooks,
-		divisor: o.LocalDivisor,
+		store:      store,
+		mode:       o.FailureMode,
+		timeout:    o.Timeout,
+		maxStalled: int64(o.MaxStalled),
+		probe:      o.ProbeInterval,
+		now:        o.Now,
+		hooks:      o.Hooks,
+		divisor:    o.LocalDivisor,
 	}
-	if s.policy > FailOpen {
-		s.policy = FailClosed
+	if nb, ok := store.(NonBlocking); ok {
+		s.inline = nb.NonBlocking()
 	}
-	if s.timeout <= 0 {
+	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
-	if s.probe <= 0 {
+	if s.maxStalled == 0 {
+		s.maxStalled = DefaultMaxStalled
+	}
+	if s.probe == 0 {
 		s.probe = DefaultProbeInterval
 	}
 	if s.now == nil {
 		s.now = time.Now
 	}
-	if s.divisor < 1 {
+	if s.divisor == 0 {
 		s.divisor = DefaultLocalDivisor
 	}
-	if s.policy == FailLocal {
+	if s.mode == FailLocal {
 		maxKeys := o.LocalMaxKeys
-		if maxKeys <= 0 {
+		if maxKeys == 0 {
 			maxKeys = DefaultLocalMaxKeys
 		}
-		s.local, _ = memstore.New(memstore.Options{
+		// Each shard needs room for one request ID: at most as many
+		// shards as keys, a power of two.
+		shards := 256
+		for shards > maxKeys {
+			shards >>= 1
+		}
+		local, err := memstore.New(memstore.Options{
 			Now:           o.Now,
 			MaxKeys:       maxKeys,
 			MaxRequestIDs: maxKeys,
+			Shards:        shards,
 			Overflow:      memstore.RefuseNew,
 			SweepInterval: -1, // no goroutine: full buckets are reclaimed when the table is full
 		})
+		if err != nil {
+			return nil, fmt.Errorf("guard: local buckets: %w", err)
+		}
+		s.local = local
 	}
 	s.br.init(o, s.probe, s.now())
 	return s, nil
 }
 
 // FailureMode returns the mode s decides by when the store cannot.
-func (s *Store) FailureMode() FailureMode { return s.policy }
+func (s *Store) FailureMode() FailureMode { return s.mode }
+
+// CheckLimit implements sluice.LimitChecker: it reports whether the wrapped
+// store decides l (sluice.CheckLimit), so that sluice.NewLimiter and the
+// middleware refuse, at construction, a limit the store behind the guard
+// cannot decide. The error wraps sluice.ErrInvalidLimit.
+func (s *Store) CheckLimit(l sluice.Limit) error { return sluice.CheckLimit(s.store, l) }
 
 // Take implements sluice.Store. It validates r (errors wrap the sluice
 // sentinels; the store is not called), then asks the store within the
-// deadline, unless the breaker is open. If the store fails or times out,
-// the policy decides and the decision is Degraded; the error is then nil.
+// deadline, unless the breaker is open or too many calls are stalled. If
+// the store fails or times out, the failure mode decides and the decision
+// is Degraded; the error is then nil.
 func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
 	if err := r.Validate(); err != nil {
 		return sluice.Decision{}, err
@@ -341,7 +480,8 @@ func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	return s.decide(ctx, OpPeek, &r)
 }
 
-// Status is a snapshot of the breaker.
+// Status is a snapshot of the breaker and of the calls the guard
+// abandoned.
 type Status struct {
 	// State is the breaker's state.
 	State BreakerState
@@ -350,13 +490,25 @@ type Status struct {
 	// LastError is the most recent store failure (nil if none yet): the
 	// store's error, or one wrapping ErrTimeout.
 	LastError error
+	// Stalled is the number of store calls still running after the guard
+	// stopped waiting for them.
+	Stalled int64
+	// Skipped counts the decisions degraded without calling the store
+	// because Stalled had reached Options.MaxStalled.
+	Skipped uint64
 }
 
-// Status returns the breaker's state, for health checks and logs.
-func (s *Store) Status() Status { return s.br.status() }
+// Status returns the breaker's state and the stalled calls, for health
+// checks and logs.
+func (s *Store) Status() Status {
+	st := s.br.status()
+	st.Stalled = s.stalled.Load()
+	st.Skipped = s.skipped.Load()
+	return st
+}
 
 // LocalStats returns the counters of the local buckets of FailLocal (zero
-// for the other policies).
+// for the other modes).
 func (s *Store) LocalStats() memstore.Stats {
 	if s.local == nil {
 		return memstore.Stats{}
@@ -364,10 +516,16 @@ func (s *Store) LocalStats() memstore.Stats {
 	return s.local.Stats()
 }
 
-// decide asks the store for a validated request, or the policy.
+// decide asks the store for a validated request, or the failure mode.
 func (s *Store) decide(ctx context.Context, op Op, r *sluice.Request) (sluice.Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return sluice.Decision{}, err
+	}
+	if !s.inline {
+		if n := s.stalled.Load(); n >= s.maxStalled {
+			s.skipped.Add(1)
+			return s.degrade(ctx, op, r, fmt.Errorf("%w: %d calls running, at most %d allowed (Options.MaxStalled)", ErrStalled, n, s.maxStalled))
+		}
 	}
 	probe, cause := s.br.admit(s.now())
 	if cause != nil {
@@ -380,64 +538,17 @@ func (s *Store) decide(ctx context.Context, op Op, r *sluice.Request) (sluice.De
 	return d, err
 }
 
-// call makes one store call with the deadline and reports it to the
-// breaker and the hooks. failed reports a store failure, with err its
-// cause; otherwise (d, err) is the answer to return.
-func (s *Store) call(ctx context.Context, op Op, r *sluice.Request, probe bool) (d sluice.Decision, failed bool, err error) {
-	settled := false
-	if probe {
-		// A store that panics must not leave the breaker half-open for
-		// ever: the panic goes on, and another call probes.
-		defer func() {
-			if !settled {
-				s.br.abandon(s.now())
-			}
-		}()
-	}
-	cctx, cancel := context.WithTimeout(ctx, s.timeout)
-	start := s.now()
-	if op == OpTake {
-		d, err = s.store.Take(cctx, *r)
-	} else {
-		d, err = s.store.Peek(cctx, *r)
-	}
-	end := s.now()
-	expired := errors.Is(cctx.Err(), context.DeadlineExceeded)
-	cancel()
-
-	switch {
-	case err == nil || isAnswer(err):
-		s.br.success(end, probe)
-	case ctx.Err() != nil:
-		// The caller gave up: nobody waits for a decision, and the store
-		// is not to blame. A probe lets the next call probe again.
-		if probe {
-			s.br.abandon(end)
-		}
-	default:
-		if expired {
-			err = fmt.Errorf("%w (%v): %w", ErrTimeout, s.timeout, err)
-		}
-		s.br.failure(end, probe, err)
-		failed = true
-	}
-	settled = true
-	if s.hooks.StoreCall != nil {
-		s.hooks.StoreCall(ctx, Call{Op: op, Took: end.Sub(start), Err: err, Probe: probe})
-	}
-	return d, failed, err
-}
-
 // isAnswer reports whether err is a store's answer rather than a failure:
-// the store is up, the call was wrong or refused.
+// the store is up, and the call was wrong, refused, or the store is not
+// set up for Sluice.
 func isAnswer(err error) bool {
-	return sluice.IsInvalid(err) || errors.Is(err, sluice.ErrTooManyKeys)
+	return sluice.IsInvalid(err) || errors.Is(err, sluice.ErrTooManyKeys) || errors.Is(err, sluice.ErrMisconfigured)
 }
 
-// degrade decides r by the policy because of cause.
+// degrade decides r by the failure mode because of cause.
 func (s *Store) degrade(ctx context.Context, op Op, r *sluice.Request, cause error) (sluice.Decision, error) {
 	var d sluice.Decision
-	switch s.policy {
+	switch s.mode {
 	case FailOpen:
 		d = sluice.Decision{Allowed: true, Limit: r.Limit, Degraded: true}
 	case FailLocal:
@@ -449,7 +560,7 @@ func (s *Store) degrade(ctx context.Context, op Op, r *sluice.Request, cause err
 		d = sluice.Decision{RetryAfter: s.probe, Limit: r.Limit, Degraded: true}
 	}
 	if s.hooks.Degraded != nil {
-		s.hooks.Degraded(ctx, Degradation{Op: op, Policy: r.Policy, FailureMode: s.policy, Allowed: d.Allowed, Cause: cause})
+		s.hooks.Degraded(ctx, Degradation{Op: op, Policy: r.Policy, FailureMode: s.mode, Allowed: d.Allowed, Cause: cause})
 	}
 	return d, nil
 }

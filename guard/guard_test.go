@@ -157,7 +157,7 @@ func TestConformance(t *testing.T) {
 }
 
 // TestBadParametersStayErrors: bad parameters are errors wrapping the
-// sluice sentinels under every policy, with the store up or down; the
+// sluice sentinels under every failure mode, with the store up or down; the
 // store is not called and the breaker does not count them.
 func TestBadParametersStayErrors(t *testing.T) {
 	long := strings.Repeat("k", sluice.MaxKeyLen+1)
@@ -166,6 +166,8 @@ func TestBadParametersStayErrors(t *testing.T) {
 		r    sluice.Request
 		want error
 	}{
+		{"empty policy", sluice.Request{Key: "k", Cost: 1, Limit: limit}, sluice.ErrInvalidPolicy},
+		{"policy with a space", sluice.Request{Policy: "a b", Key: "k", Cost: 1, Limit: limit}, sluice.ErrInvalidPolicy},
 		{"empty key", sluice.Request{Policy: "test", Key: "", Cost: 1, Limit: limit}, sluice.ErrInvalidKey},
 		{"long key", sluice.Request{Policy: "test", Key: long, Cost: 1, Limit: limit}, sluice.ErrInvalidKey},
 		{"zero cost", sluice.Request{Policy: "test", Key: "k", Cost: 0, Limit: limit}, sluice.ErrInvalidCost},
@@ -173,17 +175,17 @@ func TestBadParametersStayErrors(t *testing.T) {
 		{"zero limit", sluice.Request{Policy: "test", Key: "k", Cost: 1}, sluice.ErrInvalidLimit},
 		{"long request ID", sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit, RequestID: long}, sluice.ErrInvalidRequestID},
 	}
-	for _, policy := range []guard.FailureMode{guard.FailLocal, guard.FailClosed, guard.FailOpen} {
+	for _, mode := range []guard.FailureMode{guard.FailLocal, guard.FailClosed, guard.FailOpen} {
 		for _, down := range []bool{false, true} {
 			for _, tt := range tests {
-				t.Run(fmt.Sprintf("%v/down=%v/%s", policy, down, tt.name), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%v/down=%v/%s", mode, down, tt.name), func(t *testing.T) {
 					c := newClock()
 					f := newFlaky(t, c.Now)
 					if down {
 						f.set(errDown, false)
 					}
 					var rec recorder
-					g := mustNew(t, f, guard.Options{FailureMode: policy, Now: c.Now, ConsecutiveFailures: 1, Hooks: rec.hooks()})
+					g := mustNew(t, f, guard.Options{FailureMode: mode, Now: c.Now, ConsecutiveFailures: 1, Hooks: rec.hooks()})
 					for range 3 {
 						d, err := g.Take(t.Context(), tt.r)
 						if !errors.Is(err, tt.want) || d != (sluice.Decision{}) {
@@ -208,10 +210,11 @@ func TestBadParametersStayErrors(t *testing.T) {
 }
 
 // TestStoreAnswersAreNotFailures: an error by which the store answers (a
-// request-ID conflict, a limit the store refuses, a full table) is
-// returned as it is, and counts as a success for the breaker.
+// request-ID conflict, a limit the store refuses, a full table, a store
+// not set up for Sluice) is returned as it is, never degraded, and counts
+// as a success for the breaker.
 func TestStoreAnswersAreNotFailures(t *testing.T) {
-	for _, want := range []error{sluice.ErrRequestIDConflict, sluice.ErrInvalidLimit, sluice.ErrTooManyKeys} {
+	for _, want := range []error{sluice.ErrRequestIDConflict, sluice.ErrInvalidLimit, sluice.ErrTooManyKeys, sluice.ErrMisconfigured} {
 		t.Run(want.Error(), func(t *testing.T) {
 			c := newClock()
 			f := newFlaky(t, c.Now)
@@ -230,14 +233,14 @@ func TestStoreAnswersAreNotFailures(t *testing.T) {
 	}
 }
 
-// TestPolicies: with the store failing, each policy decides, marks the
+// TestFailureModes: with the store failing, each mode decides, marks the
 // decision degraded, returns no error, and reports the cause to the hook
 // with the caller's context.
-func TestPolicies(t *testing.T) {
+func TestFailureModes(t *testing.T) {
 	local := guard.LocalLimit(limit, 3) // capacity 3, 4 tokens every 3s
 	tests := []struct {
-		policy guard.FailureMode
-		want   []sluice.Decision // four takes of cost 1 in a row
+		mode guard.FailureMode
+		want []sluice.Decision // four takes of cost 1 in a row
 	}{
 		{guard.FailOpen, []sluice.Decision{
 			{Allowed: true, Limit: limit, Degraded: true},
@@ -259,12 +262,12 @@ func TestPolicies(t *testing.T) {
 		}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.policy.String(), func(t *testing.T) {
+		t.Run(tt.mode.String(), func(t *testing.T) {
 			c := newClock()
 			f := newFlaky(t, c.Now)
 			f.set(errDown, false)
 			var rec recorder
-			g := mustNew(t, f, guard.Options{FailureMode: tt.policy, LocalDivisor: 3, Now: c.Now, Hooks: rec.hooks()})
+			g := mustNew(t, f, guard.Options{FailureMode: tt.mode, LocalDivisor: 3, Now: c.Now, Hooks: rec.hooks()})
 			ctx := context.WithValue(t.Context(), ctxKey{}, "request-1")
 			for i, want := range tt.want {
 				got, err := g.Take(ctx, sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit})
@@ -275,8 +278,8 @@ func TestPolicies(t *testing.T) {
 					t.Fatalf("take %d: Take(k, 1) = %+v, want %+v (-want +got):\n%s", i, got, want, diff)
 				}
 				d := rec.lastDegraded()
-				if !errors.Is(d.Cause, errDown) || d.FailureMode != tt.policy || d.Allowed != got.Allowed || d.Op != guard.OpTake {
-					t.Fatalf("take %d: Degraded hook got %+v; want cause %v, policy %v, allowed %v", i, d, errDown, tt.policy, got.Allowed)
+				if !errors.Is(d.Cause, errDown) || d.FailureMode != tt.mode || d.Allowed != got.Allowed || d.Op != guard.OpTake {
+					t.Fatalf("take %d: Degraded hook got %+v; want cause %v, mode %v, allowed %v", i, d, errDown, tt.mode, got.Allowed)
 				}
 			}
 			if got := rec.contextSeen[0]; got != "request-1" {
@@ -472,7 +475,7 @@ func TestBreakerRatio(t *testing.T) {
 }
 
 // TestDeadline: a store that does not answer is given exactly the timeout
-// (on the bubble's fake clock), then the policy decides, with a cause
+// (on the bubble's fake clock), then the failure mode decides, with a cause
 // wrapping ErrTimeout.
 func TestDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -513,7 +516,7 @@ func TestDeadline(t *testing.T) {
 }
 
 // TestOneProbe: while the probe is with a slow store, every other call is
-// answered by the policy at once; the store sees one call.
+// answered by the failure mode at once; the store sees one call.
 func TestOneProbe(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFlaky(t, nil)
@@ -618,22 +621,22 @@ func (p panicky) Take(ctx context.Context, r sluice.Request) (sluice.Decision, e
 	return d, err
 }
 
-// TestPeek: a degraded Peek answers by the policy and consumes nothing.
+// TestPeek: a degraded Peek answers by the failure mode and consumes nothing.
 func TestPeek(t *testing.T) {
 	tests := []struct {
-		policy guard.FailureMode
-		want   sluice.Decision
+		mode guard.FailureMode
+		want sluice.Decision
 	}{
 		{guard.FailOpen, sluice.Decision{Allowed: true, Limit: limit, Degraded: true}},
 		{guard.FailClosed, sluice.Decision{RetryAfter: guard.DefaultProbeInterval, Limit: limit, Degraded: true}},
 		{guard.FailLocal, sluice.Decision{Allowed: true, Remaining: 5, Limit: guard.LocalLimit(limit, 2), Degraded: true}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.policy.String(), func(t *testing.T) {
+		t.Run(tt.mode.String(), func(t *testing.T) {
 			c := newClock()
 			f := newFlaky(t, c.Now)
 			f.set(errDown, false)
-			g := mustNew(t, f, guard.Options{FailureMode: tt.policy, LocalDivisor: 2, Now: c.Now})
+			g := mustNew(t, f, guard.Options{FailureMode: tt.mode, LocalDivisor: 2, Now: c.Now})
 			for range 3 {
 				got, err := g.Peek(t.Context(), sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit})
 				if err != nil || got != tt.want {
@@ -706,9 +709,88 @@ func TestParseFailureMode(t *testing.T) {
 		}
 	}
 	if _, err := guard.ParseFailureMode("deny"); err == nil {
-		t.Error(`ParsePolicy("deny") succeeded, want an error`)
+		t.Error(`ParseFailureMode("deny") succeeded, want an error`)
 	}
-	if g, _ := guard.New(nil, guard.Options{FailureMode: 9}); g.FailureMode() != guard.FailClosed {
-		t.Errorf("New with FailureMode 9: FailureMode() = %v, want closed", g.FailureMode())
+	if _, err := guard.FailureMode(9).MarshalText(); !errors.Is(err, sluice.ErrInvalidOption) {
+		t.Errorf("FailureMode(9).MarshalText() = %v, want an error wrapping ErrInvalidOption", err)
+	}
+	if _, err := guard.ParseFailureMode("deny"); !errors.Is(err, sluice.ErrInvalidOption) {
+		t.Errorf(`ParseFailureMode("deny") = %v, want an error wrapping ErrInvalidOption`, err)
+	}
+}
+
+// TestOptionsRefused: New refuses a nil store and every option out of its
+// range, naming it, instead of repairing it.
+func TestOptionsRefused(t *testing.T) {
+	ms := newMemstore(t, memstore.Options{})
+	tests := []struct {
+		name  string
+		store sluice.Store
+		o     guard.Options
+		says  string // in the message
+	}{
+		{"nil store", nil, guard.Options{}, "store"},
+		{"unknown failure mode", ms, guard.Options{FailureMode: 9}, "failure mode"},
+		{"negative LocalDivisor", ms, guard.Options{LocalDivisor: -4}, "LocalDivisor"},
+		{"negative LocalMaxKeys", ms, guard.Options{LocalMaxKeys: -1}, "LocalMaxKeys"},
+		{"negative Timeout", ms, guard.Options{Timeout: -time.Millisecond}, "Timeout"},
+		{"negative Window", ms, guard.Options{Window: -time.Second}, "Window"},
+		{"negative MinCalls", ms, guard.Options{MinCalls: -1}, "MinCalls"},
+		{"negative ProbeInterval", ms, guard.Options{ProbeInterval: -time.Second}, "ProbeInterval"},
+		{"FailurePercent above 100", ms, guard.Options{FailurePercent: 101}, "FailurePercent"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g, err := guard.New(tt.store, tt.o)
+			if !errors.Is(err, sluice.ErrInvalidOption) || g != nil {
+				t.Fatalf("New(%+v) = (a store: %v), %v; want no store and an error wrapping ErrInvalidOption", tt.o, g != nil, err)
+			}
+			if !strings.Contains(err.Error(), tt.says) {
+				t.Errorf("New(%+v): %q does not name %q", tt.o, err, tt.says)
+			}
+		})
+	}
+	for _, o := range []guard.Options{
+		{},
+		{FailureMode: guard.FailOpen, ConsecutiveFailures: -1, FailurePercent: -1},
+		{FailurePercent: 100, LocalDivisor: 1, Timeout: time.Nanosecond},
+	} {
+		if _, err := guard.New(ms, o); err != nil {
+			t.Errorf("New(%+v): %v, want a store", o, err)
+		}
+	}
+}
+
+// bounded is a store that decides only limits of capacity up to max, and
+// says so through sluice.LimitChecker.
+type bounded struct {
+	sluice.Store
+	max int64
+}
+
+func (b bounded) CheckLimit(l sluice.Limit) error {
+	if l.Capacity > b.max {
+		return fmt.Errorf("%w: capacity %d is above this store's bound %d", sluice.ErrInvalidLimit, l.Capacity, b.max)
+	}
+	return nil
+}
+
+// TestCheckLimit: the guard asks the store it wraps whether it decides a
+// limit, so that sluice.NewLimiter refuses one it cannot at construction.
+func TestCheckLimit(t *testing.T) {
+	g := mustNew(t, bounded{newMemstore(t, memstore.Options{}), 100}, guard.Options{})
+	if _, err := sluice.NewLimiter(g, "api", sluice.Limit{Capacity: 101, Rate: sluice.PerSecond(1)}); !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Errorf("NewLimiter(guard(store bounded at 100), capacity 101) = %v, want an error wrapping ErrInvalidLimit", err)
+	}
+	if _, err := sluice.NewLimiter(g, "api", sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(1)}); err != nil {
+		t.Errorf("NewLimiter(guard(store bounded at 100), capacity 100) = %v, want a limiter", err)
+	}
+	if err := sluice.CheckLimit(g, sluice.Limit{Capacity: 1}); !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Errorf("CheckLimit(guard, a limit with no rate) = %v, want an error wrapping ErrInvalidLimit", err)
+	}
+	// A store without bounds: every valid limit.
+	plain := mustNew(t, newMemstore(t, memstore.Options{}), guard.Options{})
+	if err := sluice.CheckLimit(plain, sluice.Limit{Capacity: sluice.MaxCapacity, Rate: sluice.PerSecond(1)}); err != nil {
+		t.Errorf("CheckLimit(guard(memstore), the largest capacity) = %v, want nil", err)
 	}
 }

@@ -33,21 +33,24 @@ func LocalLimit(l sluice.Limit, n int64) sluice.Limit {
 	return out
 }
 
-// decideLocally decides r against its local bucket.
+// decideLocally decides r against its local bucket, which belongs to the
+// same (policy, key) as the store's.
 func (s *Store) decideLocally(ctx context.Context, op Op, r *sluice.Request) (sluice.Decision, error) {
 	l := LocalLimit(r.Limit, s.divisor)
 	deny := sluice.Decision{RetryAfter: s.probe, Limit: l, Degraded: true}
 	if r.Cost > l.Capacity {
 		return deny, nil // more than the local share can ever hold
 	}
+	local := *r
+	local.Limit = l
 	var (
 		d   sluice.Decision
 		err error
 	)
 	if op == OpTake {
-		d, err = s.local.Take(ctx, sluice.Request{Policy: r.Policy, Key: r.Key, Cost: r.Cost, Limit: l, RequestID: r.RequestID})
+		d, err = s.local.Take(ctx, local)
 	} else {
-		d, err = s.local.Peek(ctx, sluice.Request{Policy: r.Policy, Key: r.Key, Cost: r.Cost, Limit: l})
+		d, err = s.local.Peek(ctx, local)
 	}
 	switch {
 	case errors.Is(err, sluice.ErrTooManyKeys):

@@ -1,0 +1,194 @@
+package guard
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+// outcome is what one store call came to.
+type outcome uint8
+
+const (
+	// answered: the store decided, or answered with an error to return.
+	answered outcome = iota
+	// callerGone: the caller's context ended first; its error is returned
+	// and the breaker counts nothing.
+	callerGone
+	// failed: a store failure (a timeout included); the failure mode
+	// decides and the breaker counts it.
+	failed
+)
+
+// call makes one store call within the deadline and reports it to the
+// breaker and the hooks. If failed, err is the cause to degrade with;
+// otherwise (d, err) is the answer to return.
+func (s *Store) call(ctx context.Context, op Op, r *sluice.Request, probe bool) (d sluice.Decision, isFailure bool, err error) {
+	settled := false
+	if probe {
+		// A store that panics must not leave the breaker half-open for
+		// ever: the panic goes on, and another call probes.
+		defer func() {
+			if !settled {
+				s.br.abandon(s.now())
+			}
+		}()
+	}
+	start := s.now()
+	var out outcome
+	if s.inline {
+		d, err, out = s.callInline(ctx, op, r)
+	} else {
+		d, err, out = s.callAsync(ctx, op, r)
+	}
+	end := s.now()
+
+	switch out {
+	case answered:
+		s.br.success(end, probe)
+	case callerGone:
+		// Nobody waits for a decision, and the store is not to blame. A
+		// probe lets the next call probe again.
+		if probe {
+			s.br.abandon(end)
+		}
+	case failed:
+		s.br.failure(end, probe, err)
+	}
+	settled = true
+	if s.hooks.StoreCall != nil {
+		s.hooks.StoreCall(ctx, Call{Op: op, Policy: r.Policy, Took: end.Sub(start), Err: err, Probe: probe})
+	}
+	return d, out == failed, err
+}
+
+// invoke calls the store's method for op.
+func (s *Store) invoke(ctx context.Context, op Op, r *sluice.Request) (sluice.Decision, error) {
+	if op == OpTake {
+		return s.store.Take(ctx, *r)
+	}
+	return s.store.Peek(ctx, *r)
+}
+
+// callInline calls a NonBlocking store on the caller's goroutine, with the
+// caller's context.
+func (s *Store) callInline(ctx context.Context, op Op, r *sluice.Request) (sluice.Decision, error, outcome) {
+	d, err := s.invoke(ctx, op, r)
+	switch {
+	case err == nil || isAnswer(err):
+		return d, err, answered
+	case ctx.Err() != nil:
+		return sluice.Decision{}, ctx.Err(), callerGone
+	}
+	return d, err, failed
+}
+
+// callAsync calls the store on a goroutine of its own and waits for it
+// until the earlier of the caller's deadline and the guard's; at that
+// moment it stops waiting, and the call, if still running, is abandoned
+// (counted in s.stalled until it returns).
+func (s *Store) callAsync(ctx context.Context, op Op, r *sluice.Request) (sluice.Decision, error, outcome) {
+	deadline := time.Now().Add(s.timeout)
+	callerDeadline, callerFirst := ctx.Deadline()
+	callerFirst = callerFirst && !deadline.Before(callerDeadline)
+	storeCtx, wait := ctx, ctx.Done()
+	if !callerFirst || wait == nil {
+		var cancel context.CancelFunc
+		storeCtx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+		wait = storeCtx.Done()
+	}
+
+	c := &pending{s: s, ctx: storeCtx, op: op, r: *r, done: make(chan struct{}, 1)}
+	go c.run()
+	select {
+	case <-c.done:
+	case <-wait:
+		s.stalled.Add(1)
+		if c.state.CompareAndSwap(running, abandoned) {
+			// The store has not returned: answer now, without it.
+			if ctx.Err() != nil || callerFirst {
+				return sluice.Decision{}, callerErr(ctx), callerGone
+			}
+			return sluice.Decision{}, fmt.Errorf("%w (%v): the store had not returned: %w", ErrTimeout, s.timeout, context.DeadlineExceeded), failed
+		}
+		s.stalled.Add(-1) // it returned meanwhile: its result is in c
+		<-c.done
+	}
+	d, err := c.d, c.err
+	if c.panicked {
+		panic(c.pv)
+	}
+	if err == nil || isAnswer(err) {
+		return d, err, answered
+	}
+	// The store failed. Whose deadline, if any, had passed when it did?
+	now := time.Now()
+	switch {
+	case ctx.Err() != nil, callerFirst && !now.Before(callerDeadline):
+		return sluice.Decision{}, callerErr(ctx), callerGone
+	case storeCtx.Err() != nil, !now.Before(deadline):
+		return sluice.Decision{}, fmt.Errorf("%w (%v): %w", ErrTimeout, s.timeout, err), failed
+	}
+	return d, err, failed
+}
+
+// callerErr returns the error of the caller's context, which has ended or
+// whose deadline has passed (its timer may fire a moment after a socket
+// deadline set from it).
+func callerErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return context.DeadlineExceeded
+}
+
+// States of a pending call.
+const (
+	running   uint32 = iota // the store has not returned; the caller waits
+	finished                // the store returned; its result is in the call
+	abandoned               // the caller stopped waiting; the goroutine owns the call
+)
+
+// pending is one store call running on its own goroutine. The caller and
+// the goroutine settle through state who takes the result: whoever moves it
+// from running. (The calls are not pooled: a channel made inside a
+// testing/synctest bubble must not be used outside it.)
+type pending struct {
+	s     *Store
+	ctx   context.Context
+	op    Op
+	r     sluice.Request
+	done  chan struct{} // one value once finished; buffered
+	state atomic.Uint32
+
+	d        sluice.Decision
+	err      error
+	panicked bool
+	pv       any
+}
+
+// run calls the store and hands the result to the caller, or, if the
+// caller stopped waiting, drops it. A panic of the store is raised again on
+// the caller's goroutine if it still waits, else on this one.
+func (c *pending) run() {
+	ok := false
+	defer func() {
+		if !ok {
+			c.panicked, c.pv = true, recover()
+		}
+		if c.state.CompareAndSwap(running, finished) {
+			c.done <- struct{}{}
+			return
+		}
+		c.s.stalled.Add(-1)
+		if c.panicked {
+			panic(c.pv) // nobody to hand it to
+		}
+	}()
+	c.d, c.err = c.s.invoke(c.ctx, c.op, &c.r)
+	ok = true
+}
