@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"os"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -201,6 +205,72 @@ func TestOneScriptLoadPerFlush(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// replyError is an error reply as go-redis returns one: it has the
+// RedisError method of redis.Error.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
+
+// TestClassify: each failure of a script call wraps the sentinel that says
+// what failed, and keeps its cause.
+func TestClassify(t *testing.T) {
+	const misconfigured, unavailable, script = "misconfigured", "unavailable", "script"
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	tests := []struct {
+		err  error
+		ctx  context.Context
+		want string
+	}{
+		{replyError("ERR sluice: bucket key holds a value sluice did not write script: 0123, on @user_script:244."), nil, script},
+		{replyError("WRONGTYPE Operation against a key holding the wrong kind of value script: 0123, on @user_script:126."), nil, script},
+		{replyError("ERR user_script:1: Script attempted to access nonexistent global variable 'x' script: 0123, on @user_script:1."), nil, script},
+		{replyError("NOAUTH Authentication required."), nil, misconfigured},
+		{replyError("WRONGPASS invalid username-password pair or user is disabled."), nil, misconfigured},
+		{replyError("NOPERM User u has no permissions to run the 'evalsha' command"), nil, misconfigured},
+		{replyError("ERR unknown command 'evalsha', with args beginning with: "), nil, misconfigured},
+		{replyError("MOVED 3999 127.0.0.1:6381"), nil, misconfigured},
+		{replyError("CROSSSLOT Keys in request don't hash to the same slot"), nil, misconfigured},
+		{replyError("LOADING Redis is loading the dataset in memory"), nil, unavailable},
+		{replyError("READONLY You can't write against a read only replica. script: 0123, on @user_script:226."), nil, unavailable},
+		{replyError("CLUSTERDOWN The cluster is down"), nil, unavailable},
+		{replyError("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), nil, unavailable},
+		{replyError("BUSY Redis is busy running a script."), nil, unavailable},
+		{replyError("TRYAGAIN Multiple keys request during rehashing of slot"), nil, unavailable},
+		{replyError("OOM command not allowed when used memory > 'maxmemory'. script: 0123, on @user_script:226."), nil, unavailable},
+		{replyError("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk."), nil, unavailable},
+		{replyError("NOREPLICAS Not enough good replicas to write."), nil, unavailable},
+		{replyError("ERR max number of clients reached"), nil, unavailable},
+		{replyError("SOMETHINGNEW the server says no"), nil, unavailable},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, nil, unavailable},
+		{io.EOF, nil, unavailable},
+		{redis.ErrPoolTimeout, nil, unavailable},
+		{redis.ErrClosed, nil, unavailable},
+		{os.ErrDeadlineExceeded, expired, unavailable},
+		{context.DeadlineExceeded, expired, unavailable},
+		{scriptErrorf("reply %q is not a decision", []any{"x"}), nil, script},
+	}
+	for _, tt := range tests {
+		ctx := tt.ctx
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		err := classify(ctx, tt.err)
+		var se *ScriptError
+		got := map[bool]string{true: misconfigured, false: unavailable}[errors.Is(err, sluice.ErrMisconfigured)]
+		if errors.As(err, &se) {
+			got = script
+		}
+		if got != tt.want || errors.Is(err, sluice.ErrMisconfigured) == sluice.IsUnavailable(err) || !errors.Is(err, tt.err) {
+			t.Errorf("classify(%v) = %v (%s); want %s, wrapping the cause and one sentinel of %v and %v", tt.err, err, got, tt.want, sluice.ErrMisconfigured, sluice.ErrUnavailable)
+		}
+		if tt.ctx != nil && !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("classify(%v) past the deadline = %v; want it to wrap %v", tt.err, err, context.DeadlineExceeded)
 		}
 	}
 }

@@ -148,10 +148,12 @@ type Store struct {
 // Stats are a Store's counters since New.
 type Stats struct {
 	// ScriptLoads is the number of times the store sent the script in
-	// full, to a server that had lost it (its first use, a restart, a
-	// failover, SCRIPT FLUSH): by SCRIPT LOAD, once per server for all the
-	// callers that met NOSCRIPT there at the same time, or, for a decision
-	// that met NOSCRIPT three times, with EVAL.
+	// full (EVAL) to a server that did not have it cached (its first use,
+	// a restart, a failover, SCRIPT FLUSH) and the server answered: once
+	// per server for all the callers that met NOSCRIPT there at the same
+	// time (the first sends its decision with EVAL, the others wait for it
+	// and run the cached script), and again only for a decision that met
+	// NOSCRIPT three times.
 	ScriptLoads uint64
 	// Conversions is the number of takes that found their bucket stored
 	// under another limit of its policy and converted it (see

@@ -58,41 +58,56 @@ func (s *Store) run(ctx context.Context, keys []string, op string, now any, pl p
 	return reply, nil
 }
 
-// Loading the script into a server that answered NOSCRIPT.
-const (
-	// evalAfter is the number of NOSCRIPT answers to one decision after
-	// which the store sends the script itself with EVAL: servers that keep
-	// losing the script (SCRIPT FLUSH in a loop) or a command routed to
-	// another node than the one loaded (a slot moving) still get their
-	// decision.
-	evalAfter = 3
-	// loadTimeout bounds a SCRIPT LOAD, which runs under no caller's
-	// deadline: the callers waiting for it stop at their own.
-	loadTimeout = 5 * time.Second
-)
+// evalAfter is the number of NOSCRIPT answers to one decision after which
+// the store sends the script with it (EVAL) whatever other callers do:
+// servers that keep losing the script (SCRIPT FLUSH in a loop), or a
+// command routed to another node than the one loaded (a slot moving),
+// still get their decision.
+const evalAfter = 3
 
-// eval sends args, an EVALSHA, and when the server answers NOSCRIPT (it
-// lost its script cache: a restart, a failover, SCRIPT FLUSH) has the
-// script loaded once for all the callers that met it on that server, then
-// sends the EVALSHA again. NOSCRIPT means the script did not run, so this
-// is not a retry of a decision.
+// eval sends args, an EVALSHA. When the server answers NOSCRIPT (it lost
+// its script cache: a restart, a failover, SCRIPT FLUSH), the first caller
+// to meet it on that server sends its decision again with EVAL, which runs
+// the script and caches it there; the others that meet NOSCRIPT on that
+// server meanwhile wait for that call (or their own context), then send
+// their EVALSHA again. So a server that lost the script is sent it once,
+// however many callers find out at the same time. NOSCRIPT means the
+// script did not run, so none of this is a retry of a decision.
 func (s *Store) eval(ctx context.Context, args []any) (decisionCmd, error) {
 	for noscripts := 1; ; noscripts++ {
-		sent := s.loader.done.Load()
+		sent := s.loader.seq.Load()
 		cmd, err := s.send(ctx, args)
 		if err == nil || !isNoScript(err) {
 			return cmd, err
 		}
-		if noscripts == evalAfter {
-			s.loader.loads.Add(1)
-			args = slices.Clone(args)
-			args[0], args[1] = "eval", script
-			return s.send(ctx, args)
-		}
-		if err := s.load(ctx, args[argKeys].(string), sent); err != nil {
+		f, lead := s.loader.join(s.serverAddr(ctx, args[argKeys].(string)), sent)
+		if lead || noscripts == evalAfter {
+			cmd, err = s.sendEval(ctx, args)
+			if lead {
+				s.loader.finish(f, err == nil || isReply(err))
+			}
 			return cmd, err
 		}
+		if f != nil {
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return cmd, ctx.Err()
+			}
+		}
 	}
+}
+
+// sendEval sends args with EVAL, the script in full, and counts it in
+// Stats().ScriptLoads if the server answered.
+func (s *Store) sendEval(ctx context.Context, args []any) (decisionCmd, error) {
+	args = slices.Clone(args)
+	args[0], args[1] = "eval", script
+	cmd, err := s.send(ctx, args)
+	if err == nil || isReply(err) {
+		s.loader.loads.Add(1)
+	}
+	return cmd, err
 }
 
 // isNoScript reports whether err says the server does not have the script.
@@ -100,95 +115,82 @@ func isNoScript(err error) bool {
 	return errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")
 }
 
-// loader loads the script into servers that lost it, once per server for
-// all the callers that meet NOSCRIPT there at the same time.
+// isReply reports whether err is an error reply: the server answered.
+func isReply(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply)
+}
+
+// loader has the script sent once to a server that lost it, for all the
+// callers that find out at the same time.
 type loader struct {
-	done  atomic.Uint64 // loads completed, on any server
-	loads atomic.Uint64 // times the script was sent in full: SCRIPT LOAD or EVAL
+	seq   atomic.Uint64 // flights whose EVAL a server answered, on any server
+	loads atomic.Uint64 // EVALs that a server answered
 
-	mu      sync.Mutex
-	flights map[string]*flight // by server address
+	mu       sync.Mutex
+	flights  map[string]*flight // in progress, by server address
+	loadedAt map[string]uint64  // by server address: seq after its last answered flight
 }
 
-// flight is one SCRIPT LOAD in progress; err is set when done is closed.
+// flight is the EVAL of one caller to a server that lost the script; done
+// is closed when it is answered or has failed.
 type flight struct {
+	addr string
 	done chan struct{}
-	err  error
 }
 
-// load makes sure the server of key has the script, for a command sent
-// when s.loader.done read sent and answered NOSCRIPT. If a load completed
-// since, the server had the script before the caller sends again (unless it
-// lost it again, which the next NOSCRIPT tells). Otherwise the caller joins
-// the load in progress on that server, or starts one, and waits for it or
-// for ctx.
-func (s *Store) load(ctx context.Context, key string, sent uint64) error {
-	srv, addr, err := s.server(ctx, key)
-	if err != nil {
-		return err
-	}
-	l := &s.loader
+// join is called by a caller whose command, sent when l.seq read sent,
+// met NOSCRIPT on the server at addr. If a flight on that server was
+// answered since, the script was cached before the caller sends again, and
+// join returns nil, false. Otherwise it returns the flight in progress on
+// that server to wait for, or, if there is none, a new one that the caller
+// leads (lead true): it sends its own decision with EVAL and then calls
+// finish.
+func (l *loader) join(addr string, sent uint64) (f *flight, lead bool) {
 	l.mu.Lock()
-	if l.done.Load() != sent {
-		l.mu.Unlock()
-		return nil
+	defer l.mu.Unlock()
+	if l.loadedAt[addr] > sent {
+		return nil, false
 	}
-	f := l.flights[addr]
-	if f == nil {
-		f = &flight{done: make(chan struct{})}
-		if l.flights == nil {
-			l.flights = make(map[string]*flight)
-		}
-		l.flights[addr] = f
-		// The load serves every caller waiting for it, so it runs under
-		// none of their deadlines, with the leader's values for tracing.
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), loadTimeout)
-		go func() {
-			defer cancel()
-			l.loads.Add(1)
-			cmd := redis.NewStringCmd(lctx, "script", "load", script)
-			err := srv.Process(lctx, cmd)
-			if err == nil && cmd.Val() != scriptSHA {
-				err = scriptErrorf("SCRIPT LOAD answered digest %q, want %q", cmd.Val(), scriptSHA)
-			}
-			l.mu.Lock()
-			if err == nil {
-				l.done.Add(1)
-			}
-			f.err = err
-			delete(l.flights, addr)
-			l.mu.Unlock()
-			close(f.done)
-		}()
+	if f := l.flights[addr]; f != nil {
+		return f, false
 	}
-	l.mu.Unlock()
-	select {
-	case <-f.done:
-		return f.err
-	case <-ctx.Done():
-		return ctx.Err()
+	if l.flights == nil {
+		l.flights = make(map[string]*flight)
+		l.loadedAt = make(map[string]uint64)
 	}
+	f = &flight{addr: addr, done: make(chan struct{})}
+	l.flights[addr] = f
+	return f, true
 }
 
-// server returns a client of the server that holds key and its address
-// (empty for a client of one server): the Cluster master of its slot, the
-// Ring shard of its key, or the client itself.
-func (s *Store) server(ctx context.Context, key string) (Client, string, error) {
+// finish ends flight f; answered tells whether the server answered its
+// EVAL, and so has the script.
+func (l *loader) finish(f *flight, answered bool) {
+	l.mu.Lock()
+	if answered {
+		l.loadedAt[f.addr] = l.seq.Add(1)
+	}
+	delete(l.flights, f.addr)
+	l.mu.Unlock()
+	close(f.done)
+}
+
+// serverAddr returns the address of the server that holds key: the
+// Cluster master of its slot, the Ring shard of its key, or "" for a
+// client of one server (or one the store cannot look into).
+func (s *Store) serverAddr(ctx context.Context, key string) string {
 	switch c := s.client.(type) {
 	case *redis.ClusterClient:
-		n, err := c.MasterForKey(ctx, key)
-		if err != nil {
-			return nil, "", err
+		if n, err := c.MasterForKey(ctx, key); err == nil {
+			return n.Options().Addr
 		}
-		return n, n.Options().Addr, nil
 	case *redis.Ring:
-		n, err := c.GetShardClientForKey(key)
-		if err != nil {
-			return nil, "", err
+		if n, err := c.GetShardClientForKey(key); err == nil {
+			return n.Options().Addr
 		}
-		return n, n.Options().Addr, nil
 	}
-	return s.client, "", nil
+	return ""
 }
 
 // Resending a command that Redis refused without running it.

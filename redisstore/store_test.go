@@ -805,7 +805,8 @@ func TestBatchSharesAcrossKeys(t *testing.T) {
 // TestRestartDuringLoad: Redis restarts (a crash without persistence: the
 // script cache and the buckets are lost) in the middle of load from 8
 // callers. Decisions may fail while it is down; none fails for want of the
-// script afterwards (NOSCRIPT falls back to EVAL), the first decision
+// script afterwards (the callers that meet NOSCRIPT share one SCRIPT
+// LOAD, and only one happens), the first decision
 // after the server answers again succeeds within 1.5 s, and every decision
 // started later than that succeeds. (After as many failed dials as its
 // pool size, go-redis stops dialing and tries again once a second, so the
@@ -883,8 +884,10 @@ func TestRestartDuringLoad(t *testing.T) {
 			if after == 0 {
 				t.Fatalf("no decision started more than %v after the restart", recovery)
 			}
-			if s.Stats().ScriptLoads <= loadsBefore {
-				t.Errorf("ScriptLoads stayed %d across the restart; the restarted server cannot have had the script", loadsBefore)
+			// The restarted server lost the script: the callers that met
+			// NOSCRIPT there share one load.
+			if loads := s.Stats().ScriptLoads - loadsBefore; loads != 1 {
+				t.Errorf("%d script loads across the restart; want 1 (the restarted server lost the script, and its callers share one load)", loads)
 			}
 			t.Logf("%d decisions, %d failed (while down or on connections it broke); first success %v after the restart; %d started %v later, %d failed",
 				len(results), failed, firstOK.Sub(up), after, recovery, lateFailed)
@@ -1000,4 +1003,89 @@ func TestDeadlineWhileSlow(t *testing.T) {
 		wg.Wait()
 	}
 	p.SetLatency(0)
+}
+
+// TestStatsConversions: Stats().Conversions counts the takes that found
+// their bucket stored under another limit of its policy and converted it,
+// alone, with a request ID, and in a shared call of a batch (once per
+// bucket: the takes after the first find it converted); not peeks, not
+// takes under the same limit written by a store with other settings.
+func TestStatsConversions(t *testing.T) {
+	ctx := t.Context()
+	direct := redistest.Client(t)
+	p, err := faultproxy.New(redistest.Options(t).Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	o := redistest.Options(t)
+	o.Addr = p.Addr()
+	via := redis.NewClient(o)
+	t.Cleanup(func() { via.Close() })
+	prefix := newPrefix(t, direct)
+	s, err := New(via, Options{Prefix: prefix, Batch: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := New(direct, Options{Prefix: prefix, OnLimitChange: sluice.ScaleTokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := func(c int64) sluice.Limit { return sluice.Limit{Capacity: c, Rate: sluice.Per(1, time.Hour)} }
+	steps := []struct {
+		name  string
+		do    func() error
+		count uint64 // Stats().Conversions after the step
+	}{
+		{"a new bucket", func() error { return take(ctx, s, "k", limit(10), "") }, 0},
+		{"the same limit", func() error { return take(ctx, s, "k", limit(10), "") }, 0},
+		{"another limit", func() error { return take(ctx, s, "k", limit(20), "") }, 1},
+		{"that limit again", func() error { return take(ctx, s, "k", limit(20), "") }, 1},
+		{"a peek under the first limit", func() error {
+			_, err := s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: limit(10)})
+			return err
+		}, 1},
+		{"another limit with a request ID", func() error { return take(ctx, s, "k", limit(30), "id") }, 2},
+		{"the same limit, written with other settings", func() error {
+			if err := take(ctx, other, "k", limit(30), ""); err != nil {
+				return err
+			}
+			return take(ctx, s, "k", limit(30), "")
+		}, 2},
+		{"four takes in a shared call under another limit", func() error {
+			// The first take goes alone and waits for its reply; the
+			// others queue and go in the next pipeline, in one call.
+			p.SetLatency(200 * time.Millisecond)
+			defer p.SetLatency(0)
+			errs := make(chan error, 5)
+			go func() { errs <- take(ctx, s, "first", limit(10), "") }()
+			time.Sleep(50 * time.Millisecond)
+			for range 4 {
+				go func() { errs <- take(ctx, s, "k", limit(40), "") }()
+			}
+			for range 5 {
+				if err := <-errs; err != nil {
+					return err
+				}
+			}
+			if sh := s.Stats().SharedTakes; sh != 3 {
+				return fmt.Errorf("Stats().SharedTakes = %d, want 3", sh)
+			}
+			return nil
+		}, 3},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if got := s.Stats().Conversions; got != st.count {
+			t.Errorf("after %s: Stats().Conversions = %d, want %d", st.name, got, st.count)
+		}
+	}
+}
+
+// take takes one token from the bucket of key under l, with request ID id.
+func take(ctx context.Context, s *Store, key string, l sluice.Limit, id string) error {
+	_, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: l, RequestID: id})
+	return err
 }

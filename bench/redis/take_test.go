@@ -81,12 +81,14 @@ type limiter struct {
 }
 
 // newClient returns a client with a connection per caller, so that no
-// caller waits for a connection, and no retries (neither limiter may send a
-// decision twice).
+// caller waits for a connection, no retries (neither limiter may send a
+// decision twice), and the caller's deadline on its sockets, which
+// redisstore requires.
 func newClient(callers int) *redis.Client {
 	o := *opts
 	o.PoolSize = callers
 	o.MaxRetries = -1
+	o.ContextTimeoutEnabled = true
 	return redis.NewClient(&o)
 }
 
@@ -126,7 +128,7 @@ func sluiceDecider(tb testing.TB, c redisstore.Client, batch int) decider {
 	}
 	lim := sluice.Limit{Capacity: burst, Rate: sluice.PerSecond(rate)}
 	return func(ctx context.Context, key string) (bool, error) {
-		d, err := s.Take(ctx, sluice.Request{Key: key, Cost: 1, Limit: lim})
+		d, err := s.Take(ctx, sluice.Request{Policy: "bench", Key: key, Cost: 1, Limit: lim})
 		return d.Allowed, err
 	}
 }

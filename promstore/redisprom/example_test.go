@@ -13,7 +13,7 @@ import (
 // A Redis store's counters in the program's own registry, read at every
 // scrape. Neither redisstore.New nor Register talks to Redis.
 func Example() {
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", MaxRetries: -1})
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer client.Close()
 	rs, err := redisstore.New(client, redisstore.Options{})
 	if err != nil {
