@@ -39,13 +39,13 @@ func Example() {
 
 	limit := sluice.Limit{Capacity: 2, Rate: sluice.Per(1, time.Minute)}
 	for range 3 {
-		store.Take(context.Background(), sluice.Request{Policy: "test", Key: "user-1", Cost: 1, Limit: limit})
+		store.Take(context.Background(), sluice.Request{Policy: "api", Key: "user-1", Cost: 1, Limit: limit})
 	}
 	printNonZero(reg, "sluice_decisions_total", "sluice_breaker_state", "sluice_remaining_ratio")
 	// Output:
 	// sluice_breaker_state{state="closed"} 1
-	// sluice_decisions_total{op="take",result="allowed"} 2
-	// sluice_decisions_total{op="take",result="denied"} 1
+	// sluice_decisions_total{op="take",policy="api",result="allowed"} 2
+	// sluice_decisions_total{op="take",policy="api",result="denied"} 1
 	// sluice_remaining_ratio count 3
 }
 

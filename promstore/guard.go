@@ -15,12 +15,14 @@ var breakerStates = []guard.BreakerState{guard.BreakerClosed, guard.BreakerOpen,
 //
 //   - <ns>_store_duration_seconds{op}: histogram of the time each call
 //     to the wrapped store took, failed calls included.
-//   - <ns>_store_errors_total{op, kind}: counter of failed store calls by
-//     Kind ("timeout", "unavailable", "script", "server", "other"; also
-//     "invalid" and "refused" for the errors a store answers with).
-//   - <ns>_degraded_total{policy, reason}: counter of decisions made by
-//     the policy ("local", "closed", "open"), by reason: "breaker_open",
-//     or the Kind of the store failure.
+//   - <ns>_store_errors_total{op, kind}: counter of store calls that
+//     ended in an error, by Kind: failures ("timeout", "unavailable",
+//     "script", "server", "other"), the errors a store answers with
+//     ("invalid", "refused", "misconfigured"), and calls whose caller gave
+//     up first ("canceled", "timeout").
+//   - <ns>_degraded_total{failure_mode, reason}: counter of decisions made
+//     by the failure mode ("local", "closed", "open"), by reason:
+//     "breaker_open", "stalled", or the Kind of the store failure.
 //   - <ns>_breaker_state{state}: gauge, 1 for the breaker's current state
 //     ("closed", "open", "half-open"), 0 for the others.
 //   - <ns>_breaker_transitions_total{to}: counter of the breaker's
@@ -29,9 +31,12 @@ var breakerStates = []guard.BreakerState{guard.BreakerClosed, guard.BreakerOpen,
 // The state gauge starts at closed, as a new guard does. To also log the
 // cause of each degraded decision, call the returned Degraded hook from
 // your own. It returns an error, and registers nothing, if reg is nil or
-// refuses a collector.
+// an option is out of range (errors wrapping sluice.ErrInvalidOption), or
+// if reg refuses a collector.
 func GuardHooks(reg prometheus.Registerer, o Options) (guard.Hooks, error) {
-	o.defaults()
+	if err := o.check(); err != nil {
+		return guard.Hooks{}, err
+	}
 	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: o.Namespace, Name: "store_duration_seconds", ConstLabels: o.ConstLabels,
 		Help:    "Time each call to the guarded store took, failed calls included, in seconds.",
@@ -39,12 +44,12 @@ func GuardHooks(reg prometheus.Registerer, o Options) (guard.Hooks, error) {
 	}, []string{"op"})
 	storeErrors := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: o.Namespace, Name: "store_errors_total", ConstLabels: o.ConstLabels,
-		Help: "Failed calls to the guarded store, by operation and kind (timeout, unavailable, script, server, other, invalid, refused).",
+		Help: "Calls to the guarded store that ended in an error, by operation and kind (timeout, unavailable, script, server, other; invalid, refused, misconfigured; canceled).",
 	}, []string{"op", "kind"})
 	degraded := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: o.Namespace, Name: "degraded_total", ConstLabels: o.ConstLabels,
-		Help: "Decisions made by the failure policy instead of the store, by policy and reason (breaker_open or the kind of store error).",
-	}, []string{"policy", "reason"})
+		Help: "Decisions made by the failure mode instead of the store, by failure mode and reason (breaker_open, stalled or the kind of store error).",
+	}, []string{"failure_mode", "reason"})
 	state := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: o.Namespace, Name: "breaker_state", ConstLabels: o.ConstLabels,
 		Help: "1 for the circuit breaker's current state (closed, open, half-open), 0 for the others.",

@@ -17,15 +17,23 @@ import (
 //     forgotten before their TTL.
 //   - <ns>_memstore_refused_total: counter of requests refused with
 //     sluice.ErrTooManyKeys.
+//   - <ns>_memstore_conversions_total: counter of takes that found their
+//     bucket stored under another limit than the request's and converted
+//     it (memstore.Options.OnLimitChange). A steady rate means that callers
+//     disagree on a policy's limit (two processes with different
+//     configs); a limit change shows as a burst.
 //
 // Register several stores in one registry with distinct
 // Options.ConstLabels (for example {"store": "local"}). It returns an error
-// if reg or stats is nil or reg refuses the collector.
+// if reg or stats is nil or an option is out of range (errors wrapping
+// sluice.ErrInvalidOption), or if reg refuses the collector.
 func RegisterMemstore(reg prometheus.Registerer, o Options, stats func() memstore.Stats) error {
 	if stats == nil {
 		return errNilStats
 	}
-	o.defaults()
+	if err := o.check(); err != nil {
+		return err
+	}
 	name := func(n string) string { return prometheus.BuildFQName(o.Namespace, "memstore", n) }
 	c := &memstoreCollector{
 		stats: stats,
@@ -39,6 +47,8 @@ func RegisterMemstore(reg prometheus.Registerer, o Options, stats func() memstor
 			"Request IDs forgotten by the in-memory store before their TTL.", nil, o.ConstLabels),
 		refused: prometheus.NewDesc(name("refused_total"),
 			"Requests the in-memory store refused because it held its maximum of keys or request IDs.", nil, o.ConstLabels),
+		conversions: prometheus.NewDesc(name("conversions_total"),
+			"Takes that found their bucket stored under another limit than the request's and converted it; a steady rate means callers disagree on a policy's limit.", nil, o.ConstLabels),
 	}
 	return register(reg, c)
 }
@@ -46,8 +56,8 @@ func RegisterMemstore(reg prometheus.Registerer, o Options, stats func() memstor
 // memstoreCollector exports memstore.Stats as constant metrics, read at
 // scrape time.
 type memstoreCollector struct {
-	stats                                         func() memstore.Stats
-	buckets, ids, evictions, idEvictions, refused *prometheus.Desc
+	stats                                                      func() memstore.Stats
+	buckets, ids, evictions, idEvictions, refused, conversions *prometheus.Desc
 }
 
 func (c *memstoreCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -56,6 +66,7 @@ func (c *memstoreCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.evictions
 	ch <- c.idEvictions
 	ch <- c.refused
+	ch <- c.conversions
 }
 
 func (c *memstoreCollector) Collect(ch chan<- prometheus.Metric) {
@@ -66,4 +77,5 @@ func (c *memstoreCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(st.Evicted), "lru")
 	ch <- prometheus.MustNewConstMetric(c.idEvictions, prometheus.CounterValue, float64(st.EvictedRequestIDs))
 	ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(st.Refused))
+	ch <- prometheus.MustNewConstMetric(c.conversions, prometheus.CounterValue, float64(st.Conversions))
 }

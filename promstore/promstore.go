@@ -1,14 +1,14 @@
 // Package promstore records what a limiter does as Prometheus metrics, in a
 // registry the caller supplies (never the global one):
 //
-//   - New wraps any sluice.Store and counts its decisions by result,
-//     replays, errors by kind, the remaining tokens as a fraction of the
-//     capacity, and the latency callers see.
+//   - New wraps any sluice.Store and counts its decisions by policy and
+//     result, replays, errors by kind, the remaining tokens as a fraction
+//     of the capacity, and the latency callers see.
 //   - GuardHooks returns the guard.Hooks that record what a guard.Store
 //     does behind that: store latency and errors by kind, degraded
-//     decisions by policy and reason, breaker state and transitions.
+//     decisions by failure mode and reason, breaker state and transitions.
 //   - RegisterMemstore exports a memstore.Store's counters: live buckets,
-//     evictions by reason, refused keys.
+//     evictions by reason, refused keys, limit conversions.
 //
 // The counters of the shared stores are exported by subpackages, so that a
 // program compiles a Redis or PostgreSQL client only if it uses one:
@@ -17,10 +17,12 @@
 // timeouts). This package imports neither store, nor go-redis, nor pgx: Kind
 // recognises their errors by their methods.
 //
-// No metric has a label per key or per user: the number of series is fixed,
-// whatever the traffic. Metric names and labels are listed in
-// docs/failure.md. The library's other packages do not import Prometheus;
-// only a program that imports this one compiles it.
+// No metric has a label per key or per user. Decisions are labelled by the
+// request's policy name, which the operator chooses (a handful of quotas),
+// and at most Options.MaxPolicies names get series of their own: the number
+// of series is bounded, whatever the traffic. Metric names and labels are
+// listed in docs/failure.md. The library's other packages do not import
+// Prometheus; only a program that imports this one compiles it.
 //
 // Wire a guarded Redis store like this:
 //
@@ -33,10 +35,13 @@ package promstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -49,6 +54,16 @@ import (
 // empty.
 const DefaultNamespace = "sluice"
 
+// DefaultMaxPolicies is the number of policy names that get decision series
+// of their own when Options.MaxPolicies is zero.
+const DefaultMaxPolicies = 64
+
+// OtherPolicies is the policy label of the decisions whose policy name got
+// no series of its own: names beyond Options.MaxPolicies, and names that
+// are not valid (sluice.ValidatePolicy). It has a space, so it is never a
+// valid policy name itself.
+const OtherPolicies = "(other policies)"
+
 // Results of a decision, the values of the result label.
 const (
 	ResultAllowed         = "allowed"
@@ -60,15 +75,17 @@ const (
 
 // Kinds of error, the values of the kind label (see Kind).
 const (
-	KindInvalid     = "invalid"
-	KindRefused     = "refused"
-	KindCanceled    = "canceled"
-	KindTimeout     = "timeout"
-	KindUnavailable = "unavailable"
-	KindScript      = "script"
-	KindServer      = "server"
-	KindBreakerOpen = "breaker_open"
-	KindOther       = "other"
+	KindInvalid       = "invalid"
+	KindRefused       = "refused"
+	KindMisconfigured = "misconfigured"
+	KindCanceled      = "canceled"
+	KindTimeout       = "timeout"
+	KindUnavailable   = "unavailable"
+	KindScript        = "script"
+	KindServer        = "server"
+	KindBreakerOpen   = "breaker_open"
+	KindStalled       = "stalled"
+	KindOther         = "other"
 )
 
 // Options configure the metrics. The zero value of every field means its
@@ -94,9 +111,30 @@ type Options struct {
 	// as the sentinels of a store of your own. Default nil: Kind alone.
 	// Keep the set of values it returns small and fixed.
 	Kind func(error) string
+	// MaxPolicies bounds the policy names that get decision series of
+	// their own (New): the first MaxPolicies valid names seen; the
+	// decisions of any other name are counted under OtherPolicies. Each
+	// name costs ten series. Default DefaultMaxPolicies (64); negative is
+	// refused.
+	MaxPolicies int
 }
 
-func (o *Options) defaults() {
+// check fills in the defaults of o, or returns an error wrapping
+// sluice.ErrInvalidOption that names the first option out of range.
+func (o *Options) check() error {
+	if o.MaxPolicies < 0 {
+		return fmt.Errorf("%w: promstore option MaxPolicies is %d; use 0 for the default (%d) or a positive bound", sluice.ErrInvalidOption, o.MaxPolicies, DefaultMaxPolicies)
+	}
+	for _, b := range []struct {
+		name string
+		v    []float64
+	}{{"DurationBuckets", o.DurationBuckets}, {"RemainingBuckets", o.RemainingBuckets}} {
+		for i := 1; i < len(b.v); i++ {
+			if !(b.v[i-1] < b.v[i]) {
+				return fmt.Errorf("%w: promstore option %s %v is not strictly increasing (%v, then %v); list the upper bounds in increasing order, or none for the default", sluice.ErrInvalidOption, b.name, b.v, b.v[i-1], b.v[i])
+			}
+		}
+	}
 	if o.Namespace == "" {
 		o.Namespace = DefaultNamespace
 	}
@@ -106,6 +144,10 @@ func (o *Options) defaults() {
 	if len(o.RemainingBuckets) == 0 {
 		o.RemainingBuckets = []float64{0, .05, .1, .25, .5, .75, .9, 1}
 	}
+	if o.MaxPolicies == 0 {
+		o.MaxPolicies = DefaultMaxPolicies
+	}
+	return nil
 }
 
 // kind classifies err with o.Kind, then Kind.
@@ -151,10 +193,16 @@ const (
 // Kind classifies an error of a sluice.Store, or the cause of a degraded
 // decision, for the kind label:
 //
-//   - "invalid": bad parameters (sluice.ErrInvalidKey, ErrInvalidCost,
-//     ErrInvalidLimit, ErrInvalidRequestID, ErrRequestIDConflict);
+//   - "invalid": bad parameters (sluice.IsInvalid: ErrInvalidPolicy,
+//     ErrInvalidKey, ErrInvalidCost, ErrInvalidLimit, ErrInvalidRequestID,
+//     ErrRequestIDConflict);
 //   - "refused": sluice.ErrTooManyKeys;
+//   - "misconfigured": sluice.ErrMisconfigured (the store answered, but is
+//     not set up for Sluice: a schema never migrated, a foreign value at
+//     one of its keys);
 //   - "breaker_open": guard.ErrBreakerOpen (no store call was made);
+//   - "stalled": guard.ErrStalled (no store call was made: too many are
+//     still running past their deadline);
 //   - "timeout": guard.ErrTimeout, a deadline, a network timeout, or a
 //     PostgreSQL lock or statement timeout (SQLSTATE 55P03
 //     lock_not_available, 57014 query_canceled);
@@ -169,16 +217,20 @@ const (
 //     session timeout);
 //   - "server": the store's server answered with another error: a Redis
 //     error reply (OOM, READONLY, LOADING, CLUSTERDOWN...), a PostgreSQL
-//     error with any other SQLSTATE (a missing table, a serialization
-//     failure, too many connections...);
+//     error with any other SQLSTATE (a serialization failure, too many
+//     connections...);
+//   - "unavailable" again for any other error wrapping
+//     sluice.ErrUnavailable, whose cause none of the above recognised;
 //   - "other": anything else.
 //
 // The first that matches, in this order, is the kind. Errors are matched
-// anywhere in their chain (errors.Is, errors.As), so the sentinel a store
-// wraps its failures in (pgstore.ErrUnavailable) does not hide their cause.
-// Redis error replies are recognised by a RedisError() method, PostgreSQL
-// errors by a SQLState() string method (*pgconn.PgError has one), so that
-// this package imports neither client. It returns "" for a nil error.
+// anywhere in their chain (errors.Is, errors.As), so sluice.ErrUnavailable,
+// which the shared stores wrap their failures in, does not hide their
+// cause: a lock timeout it wraps is a "timeout", a READONLY reply a
+// "server" error. Redis error replies are recognised by a RedisError()
+// method, PostgreSQL errors by a SQLState() string method (*pgconn.PgError
+// has one), so that this package imports neither client. It returns "" for
+// a nil error.
 func Kind(err error) string {
 	var (
 		netErr    net.Error
@@ -194,8 +246,12 @@ func Kind(err error) string {
 		return KindInvalid
 	case errors.Is(err, sluice.ErrTooManyKeys):
 		return KindRefused
+	case errors.Is(err, sluice.ErrMisconfigured):
+		return KindMisconfigured
 	case errors.Is(err, guard.ErrBreakerOpen):
 		return KindBreakerOpen
+	case errors.Is(err, guard.ErrStalled):
+		return KindStalled
 	case errors.Is(err, guard.ErrTimeout), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout(),
 		errors.As(err, &sqlErr) && sqlKind(sqlErr.SQLState()) == KindTimeout:
@@ -212,6 +268,8 @@ func Kind(err error) string {
 		return KindServer
 	case errors.As(err, &sqlErr):
 		return sqlKind(sqlErr.SQLState())
+	case errors.Is(err, sluice.ErrUnavailable):
+		return KindUnavailable
 	}
 	return KindOther
 }
@@ -229,13 +287,13 @@ func sqlKind(code string) string {
 }
 
 // errNilStats is the error of RegisterMemstore given no stats function.
-var errNilStats = errors.New("promstore: the stats function is nil; pass the store's Stats method")
+var errNilStats = fmt.Errorf("%w: promstore: the stats function is nil; pass the store's Stats method", sluice.ErrInvalidOption)
 
 // register registers every collector with reg, or none: on an error it
 // unregisters those it had registered.
 func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
 	if reg == nil {
-		return errors.New("promstore: the registerer is nil; pass one explicitly (the global registry is never used)")
+		return fmt.Errorf("%w: promstore: the registerer is nil; pass one explicitly (the global registry is never used)", sluice.ErrInvalidOption)
 	}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
@@ -257,23 +315,36 @@ type Store struct {
 	next sluice.Store
 	o    Options
 
-	decisions [2][5]prometheus.Counter // [op][result]
-	errors    *prometheus.CounterVec   // op, kind
-	duration  [2]prometheus.Observer   // [op]
+	decisions *prometheus.CounterVec // policy, op, result
+	policies  sync.Map               // policy name → *policyCounters
+	mu        sync.Mutex             // held to add a policy
+	named     int                    // policies with series of their own (mu)
+	other     atomic.Pointer[policyCounters]
+
+	errors    *prometheus.CounterVec // op, kind
+	duration  [2]prometheus.Observer // [op]
 	remaining prometheus.Observer
 	replays   prometheus.Counter
 }
 
-var _ sluice.Store = (*Store)(nil)
+// policyCounters are the decision counters of one policy label.
+type policyCounters [2][5]prometheus.Counter // [op][result]
+
+var (
+	_ sluice.Store        = (*Store)(nil)
+	_ sluice.LimitChecker = (*Store)(nil)
+	_ guard.NonBlocking   = (*Store)(nil)
+)
 
 var results = [5]string{ResultAllowed, ResultDenied, ResultDegradedAllowed, ResultDegradedDenied, ResultError}
 
 // New registers the decision metrics with reg and returns a Store that
 // records them for every call to next:
 //
-//   - <ns>_decisions_total{op, result}: counter; op "take" or "peek",
-//     result "allowed", "denied", "degraded_allowed", "degraded_denied"
-//     or "error".
+//   - <ns>_decisions_total{policy, op, result}: counter; policy the
+//     request's policy name (or OtherPolicies, see Options.MaxPolicies),
+//     op "take" or "peek", result "allowed", "denied",
+//     "degraded_allowed", "degraded_denied" or "error".
 //   - <ns>_errors_total{op, kind}: counter of errors returned to the
 //     caller, by Kind.
 //   - <ns>_decision_duration_seconds{op}: histogram of the time a call
@@ -282,17 +353,24 @@ var results = [5]string{ResultAllowed, ResultDenied, ResultDegradedAllowed, Resu
 //     take decided by the store (not degraded, not an error).
 //   - <ns>_replays_total: counter of replayed decisions (request IDs).
 //
-// It returns an error, and registers nothing, if reg is nil or refuses a
+// The series of a policy appear with its first decision. It returns an
+// error, and registers nothing, if next or reg is nil or an option is out
+// of range (errors wrapping sluice.ErrInvalidOption), or if reg refuses a
 // collector (the same names and labels registered twice).
 func New(next sluice.Store, reg prometheus.Registerer, o Options) (*Store, error) {
-	o.defaults()
+	if next == nil {
+		return nil, fmt.Errorf("%w: promstore: the store is nil", sluice.ErrInvalidOption)
+	}
+	if err := o.check(); err != nil {
+		return nil, err
+	}
 	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: o.Namespace, Name: "decisions_total", ConstLabels: o.ConstLabels,
-		Help: "Decisions by operation (take, peek) and result (allowed, denied, degraded_allowed, degraded_denied, error).",
-	}, []string{"op", "result"})
+		Help: "Decisions by policy, operation (take, peek) and result (allowed, denied, degraded_allowed, degraded_denied, error).",
+	}, []string{"policy", "op", "result"})
 	errs := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: o.Namespace, Name: "errors_total", ConstLabels: o.ConstLabels,
-		Help: "Errors returned to callers, by operation and kind (invalid, refused, canceled, timeout, unavailable, script, server, other).",
+		Help: "Errors returned to callers, by operation and kind (invalid, refused, misconfigured, canceled, timeout, unavailable, script, server, other).",
 	}, []string{"op", "kind"})
 	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: o.Namespace, Name: "decision_duration_seconds", ConstLabels: o.ConstLabels,
@@ -311,17 +389,73 @@ func New(next sluice.Store, reg prometheus.Registerer, o Options) (*Store, error
 	if err := register(reg, decisions, errs, duration, remaining, replays); err != nil {
 		return nil, err
 	}
-	s := &Store{next: next, o: o, errors: errs, remaining: remaining, replays: replays}
+	s := &Store{next: next, o: o, decisions: decisions, errors: errs, remaining: remaining, replays: replays}
 	for i, op := range ops {
-		for j, res := range results {
-			s.decisions[i][j] = decisions.WithLabelValues(op.String(), res)
-		}
 		s.duration[i] = duration.WithLabelValues(op.String())
-		for _, k := range []string{KindInvalid, KindRefused, KindCanceled, KindTimeout, KindUnavailable, KindScript, KindServer, KindOther} {
+		for _, k := range []string{KindInvalid, KindRefused, KindMisconfigured, KindCanceled, KindTimeout, KindUnavailable, KindScript, KindServer, KindOther} {
 			errs.WithLabelValues(op.String(), k) // exported at zero from the start
 		}
 	}
 	return s, nil
+}
+
+// counters returns the decision counters of policy: its own while fewer
+// than Options.MaxPolicies names have them, else those of OtherPolicies.
+func (s *Store) counters(policy string) *policyCounters {
+	if c, ok := s.policies.Load(policy); ok {
+		return c.(*policyCounters)
+	}
+	if sluice.ValidatePolicy(policy) != nil {
+		return s.otherCounters()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.policies.Load(policy); ok {
+		return c.(*policyCounters)
+	}
+	if s.named >= s.o.MaxPolicies {
+		return s.otherCounters()
+	}
+	c := s.newCounters(policy)
+	s.policies.Store(policy, c)
+	s.named++
+	return c
+}
+
+// otherCounters returns the counters of OtherPolicies, created on first
+// use.
+func (s *Store) otherCounters() *policyCounters {
+	if c := s.other.Load(); c != nil {
+		return c
+	}
+	c := s.newCounters(OtherPolicies)
+	if !s.other.CompareAndSwap(nil, c) {
+		return s.other.Load()
+	}
+	return c
+}
+
+// newCounters creates the series of one policy label.
+func (s *Store) newCounters(policy string) *policyCounters {
+	c := new(policyCounters)
+	for i, op := range ops {
+		for j, res := range results {
+			c[i][j] = s.decisions.WithLabelValues(policy, op.String(), res)
+		}
+	}
+	return c
+}
+
+// CheckLimit implements sluice.LimitChecker by asking the wrapped store
+// (sluice.CheckLimit), so that sluice.NewLimiter and the middleware refuse,
+// at construction, a limit the store cannot decide.
+func (s *Store) CheckLimit(l sluice.Limit) error { return sluice.CheckLimit(s.next, l) }
+
+// NonBlocking implements guard.NonBlocking by asking the wrapped store: the
+// metrics themselves never block.
+func (s *Store) NonBlocking() bool {
+	nb, ok := s.next.(guard.NonBlocking)
+	return ok && nb.NonBlocking()
 }
 
 // Take implements sluice.Store: it calls the wrapped store and records the
@@ -329,7 +463,7 @@ func New(next sluice.Store, reg prometheus.Registerer, o Options) (*Store, error
 func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
 	start := time.Now()
 	d, err := s.next.Take(ctx, r)
-	s.record(guard.OpTake, time.Since(start), d, err)
+	s.record(guard.OpTake, r.Policy, time.Since(start), d, err)
 	if err == nil && !d.Degraded && d.Limit.Capacity > 0 {
 		s.remaining.Observe(float64(d.Remaining) / float64(d.Limit.Capacity))
 	}
@@ -341,11 +475,11 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
 	start := time.Now()
 	d, err := s.next.Peek(ctx, r)
-	s.record(guard.OpPeek, time.Since(start), d, err)
+	s.record(guard.OpPeek, r.Policy, time.Since(start), d, err)
 	return d, err
 }
 
-func (s *Store) record(op guard.Op, took time.Duration, d sluice.Decision, err error) {
+func (s *Store) record(op guard.Op, policy string, took time.Duration, d sluice.Decision, err error) {
 	s.duration[op].Observe(took.Seconds())
 	res := 0 // allowed
 	switch {
@@ -359,7 +493,7 @@ func (s *Store) record(op guard.Op, took time.Duration, d sluice.Decision, err e
 	case !d.Allowed:
 		res = 1
 	}
-	s.decisions[op][res].Inc()
+	s.counters(policy)[op][res].Inc()
 	if err == nil && d.Replayed {
 		s.replays.Inc()
 	}

@@ -99,8 +99,8 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestDecisions: every result is counted under its label, replays and
-// errors by kind too.
+// TestDecisions: every result is counted under its label and the
+// request's policy name, replays and errors by kind too.
 func TestDecisions(t *testing.T) {
 	c := newClock()
 	ms := newMemstore(t, memstore.Options{Now: c.Now})
@@ -116,49 +116,70 @@ func TestDecisions(t *testing.T) {
 		t.Helper()
 		s.Take(ctx, r)
 	}
-	take(sluice.Request{Policy: "test", Key: "a", Cost: 10, Limit: limit})                // allowed
-	take(sluice.Request{Policy: "test", Key: "a", Cost: 1, Limit: limit})                 // denied
-	take(sluice.Request{Policy: "test", Key: "b", Cost: 4, Limit: limit, RequestID: "r"}) // allowed
-	take(sluice.Request{Policy: "test", Key: "b", Cost: 4, Limit: limit, RequestID: "r"}) // allowed, replayed
-	take(sluice.Request{Policy: "test", Key: "b", Cost: 11, Limit: limit})                // error: invalid
-	take(sluice.Request{Policy: "test", Key: "b", Cost: 5, Limit: limit, RequestID: "r"}) // error: conflict
-	s.Peek(ctx, sluice.Request{Policy: "test", Key: "b", Cost: 1, Limit: limit})          // peek allowed
-	sw.set(errors.New("down"))                                                            //
-	take(sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: limit})                 // degraded allowed
-	s.Peek(ctx, sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: limit})          // peek degraded allowed
-	canceled, cancel := context.WithCancel(ctx)                                           //
-	cancel()                                                                              //
-	s.Take(canceled, sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: limit})     // error: canceled
-	g2 := newGuard(t, sw, guard.Options{FailureMode: guard.FailClosed, Now: c.Now})       //
+	take(sluice.Request{Policy: "api", Key: "a", Cost: 10, Limit: limit})                  // allowed
+	take(sluice.Request{Policy: "api", Key: "a", Cost: 1, Limit: limit})                   // denied
+	take(sluice.Request{Policy: "login", Key: "b", Cost: 4, Limit: limit, RequestID: "r"}) // allowed
+	take(sluice.Request{Policy: "login", Key: "b", Cost: 4, Limit: limit, RequestID: "r"}) // allowed, replayed
+	take(sluice.Request{Policy: "login", Key: "b", Cost: 11, Limit: limit})                // error: invalid
+	take(sluice.Request{Policy: "login", Key: "b", Cost: 5, Limit: limit, RequestID: "r"}) // error: conflict
+	take(sluice.Request{Policy: "", Key: "b", Cost: 1, Limit: limit})                      // error: invalid, no policy
+	s.Peek(ctx, sluice.Request{Policy: "api", Key: "b", Cost: 1, Limit: limit})            // peek allowed
+	sw.set(errors.New("down"))                                                             //
+	take(sluice.Request{Policy: "api", Key: "c", Cost: 1, Limit: limit})                   // degraded allowed
+	s.Peek(ctx, sluice.Request{Policy: "api", Key: "c", Cost: 1, Limit: limit})            // peek degraded allowed
+	canceled, cancel := context.WithCancel(ctx)                                            //
+	cancel()                                                                               //
+	s.Take(canceled, sluice.Request{Policy: "api", Key: "c", Cost: 1, Limit: limit})       // error: canceled
+	g2 := newGuard(t, sw, guard.Options{FailureMode: guard.FailClosed, Now: c.Now})        //
 	s2, err := promstore.New(g2, reg, promstore.Options{ConstLabels: prometheus.Labels{"limiter": "closed"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s2.Take(ctx, sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: limit}) // degraded denied
+	s2.Take(ctx, sluice.Request{Policy: "api", Key: "c", Cost: 1, Limit: limit}) // degraded denied
 
 	err = testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP sluice_decisions_total Decisions by operation (take, peek) and result (allowed, denied, degraded_allowed, degraded_denied, error).
+# HELP sluice_decisions_total Decisions by policy, operation (take, peek) and result (allowed, denied, degraded_allowed, degraded_denied, error).
 # TYPE sluice_decisions_total counter
-sluice_decisions_total{limiter="open",op="peek",result="allowed"} 1
-sluice_decisions_total{limiter="open",op="peek",result="degraded_allowed"} 1
-sluice_decisions_total{limiter="open",op="peek",result="degraded_denied"} 0
-sluice_decisions_total{limiter="open",op="peek",result="denied"} 0
-sluice_decisions_total{limiter="open",op="peek",result="error"} 0
-sluice_decisions_total{limiter="open",op="take",result="allowed"} 3
-sluice_decisions_total{limiter="open",op="take",result="degraded_allowed"} 1
-sluice_decisions_total{limiter="open",op="take",result="degraded_denied"} 0
-sluice_decisions_total{limiter="open",op="take",result="denied"} 1
-sluice_decisions_total{limiter="open",op="take",result="error"} 3
-sluice_decisions_total{limiter="closed",op="peek",result="allowed"} 0
-sluice_decisions_total{limiter="closed",op="peek",result="degraded_allowed"} 0
-sluice_decisions_total{limiter="closed",op="peek",result="degraded_denied"} 0
-sluice_decisions_total{limiter="closed",op="peek",result="denied"} 0
-sluice_decisions_total{limiter="closed",op="peek",result="error"} 0
-sluice_decisions_total{limiter="closed",op="take",result="allowed"} 0
-sluice_decisions_total{limiter="closed",op="take",result="degraded_allowed"} 0
-sluice_decisions_total{limiter="closed",op="take",result="degraded_denied"} 1
-sluice_decisions_total{limiter="closed",op="take",result="denied"} 0
-sluice_decisions_total{limiter="closed",op="take",result="error"} 0
+sluice_decisions_total{limiter="open",op="peek",policy="api",result="allowed"} 1
+sluice_decisions_total{limiter="open",op="peek",policy="api",result="degraded_allowed"} 1
+sluice_decisions_total{limiter="open",op="peek",policy="api",result="degraded_denied"} 0
+sluice_decisions_total{limiter="open",op="peek",policy="api",result="denied"} 0
+sluice_decisions_total{limiter="open",op="peek",policy="api",result="error"} 0
+sluice_decisions_total{limiter="open",op="take",policy="api",result="allowed"} 1
+sluice_decisions_total{limiter="open",op="take",policy="api",result="degraded_allowed"} 1
+sluice_decisions_total{limiter="open",op="take",policy="api",result="degraded_denied"} 0
+sluice_decisions_total{limiter="open",op="take",policy="api",result="denied"} 1
+sluice_decisions_total{limiter="open",op="take",policy="api",result="error"} 1
+sluice_decisions_total{limiter="open",op="peek",policy="login",result="allowed"} 0
+sluice_decisions_total{limiter="open",op="peek",policy="login",result="degraded_allowed"} 0
+sluice_decisions_total{limiter="open",op="peek",policy="login",result="degraded_denied"} 0
+sluice_decisions_total{limiter="open",op="peek",policy="login",result="denied"} 0
+sluice_decisions_total{limiter="open",op="peek",policy="login",result="error"} 0
+sluice_decisions_total{limiter="open",op="take",policy="login",result="allowed"} 2
+sluice_decisions_total{limiter="open",op="take",policy="login",result="degraded_allowed"} 0
+sluice_decisions_total{limiter="open",op="take",policy="login",result="degraded_denied"} 0
+sluice_decisions_total{limiter="open",op="take",policy="login",result="denied"} 0
+sluice_decisions_total{limiter="open",op="take",policy="login",result="error"} 2
+sluice_decisions_total{limiter="open",op="peek",policy="(other policies)",result="allowed"} 0
+sluice_decisions_total{limiter="open",op="peek",policy="(other policies)",result="degraded_allowed"} 0
+sluice_decisions_total{limiter="open",op="peek",policy="(other policies)",result="degraded_denied"} 0
+sluice_decisions_total{limiter="open",op="peek",policy="(other policies)",result="denied"} 0
+sluice_decisions_total{limiter="open",op="peek",policy="(other policies)",result="error"} 0
+sluice_decisions_total{limiter="open",op="take",policy="(other policies)",result="allowed"} 0
+sluice_decisions_total{limiter="open",op="take",policy="(other policies)",result="degraded_allowed"} 0
+sluice_decisions_total{limiter="open",op="take",policy="(other policies)",result="degraded_denied"} 0
+sluice_decisions_total{limiter="open",op="take",policy="(other policies)",result="denied"} 0
+sluice_decisions_total{limiter="open",op="take",policy="(other policies)",result="error"} 1
+sluice_decisions_total{limiter="closed",op="peek",policy="api",result="allowed"} 0
+sluice_decisions_total{limiter="closed",op="peek",policy="api",result="degraded_allowed"} 0
+sluice_decisions_total{limiter="closed",op="peek",policy="api",result="degraded_denied"} 0
+sluice_decisions_total{limiter="closed",op="peek",policy="api",result="denied"} 0
+sluice_decisions_total{limiter="closed",op="peek",policy="api",result="error"} 0
+sluice_decisions_total{limiter="closed",op="take",policy="api",result="allowed"} 0
+sluice_decisions_total{limiter="closed",op="take",policy="api",result="degraded_allowed"} 0
+sluice_decisions_total{limiter="closed",op="take",policy="api",result="degraded_denied"} 1
+sluice_decisions_total{limiter="closed",op="take",policy="api",result="denied"} 0
+sluice_decisions_total{limiter="closed",op="take",policy="api",result="error"} 0
 # HELP sluice_replays_total Decisions replayed for a repeated request ID; they consumed nothing.
 # TYPE sluice_replays_total counter
 sluice_replays_total{limiter="closed"} 0
@@ -171,17 +192,174 @@ sluice_replays_total{limiter="open"} 1
 		kind string
 		want float64
 	}{
-		{promstore.KindInvalid, 2},
+		{promstore.KindInvalid, 3},
 		{promstore.KindCanceled, 1},
 		{promstore.KindTimeout, 0},
+		{promstore.KindMisconfigured, 0},
 		{promstore.KindOther, 0},
 	} {
 		if got := promtest.Value(t, reg, "sluice_errors_total", map[string]string{"op": "take", "kind": tt.kind, "limiter": "open"}); got != tt.want {
 			t.Errorf("sluice_errors_total{op=take,kind=%s} = %v, want %v", tt.kind, got, tt.want)
 		}
 	}
-	if got := promtest.Value(t, reg, "sluice_decision_duration_seconds", map[string]string{"op": "take", "limiter": "open"}); got != 8 {
-		t.Errorf("sluice_decision_duration_seconds{op=take} has %v samples, want 8", got)
+	if got := promtest.Value(t, reg, "sluice_decision_duration_seconds", map[string]string{"op": "take", "limiter": "open"}); got != 9 {
+		t.Errorf("sluice_decision_duration_seconds{op=take} has %v samples, want 9", got)
+	}
+}
+
+// TestPolicyLabels: the first MaxPolicies valid policy names get series
+// of their own; later names, and names that are not valid policy names,
+// share the series of OtherPolicies.
+func TestPolicyLabels(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, err := promstore.New(newMemstore(t, memstore.Options{}), reg, promstore.Options{MaxPolicies: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"a", "b", "c", "a", "d", "", "x y", strings.Repeat("p", 65)} {
+		s.Take(t.Context(), sluice.Request{Policy: p, Key: "k", Cost: 1, Limit: limit})
+	}
+	for _, tt := range []struct {
+		policy, result string
+		want           float64
+	}{
+		{"a", promstore.ResultAllowed, 2},
+		{"b", promstore.ResultAllowed, 1},
+		{promstore.OtherPolicies, promstore.ResultAllowed, 2}, // c, d
+		{promstore.OtherPolicies, promstore.ResultError, 3},   // "", "x y", 65 bytes
+		{"c", promstore.ResultAllowed, -1},
+		{"d", promstore.ResultAllowed, -1},
+	} {
+		if got := promtest.Value(t, reg, "sluice_decisions_total", map[string]string{"op": "take", "policy": tt.policy, "result": tt.result}); got != tt.want {
+			t.Errorf("sluice_decisions_total{policy=%q,result=%s} = %v, want %v", tt.policy, tt.result, got, tt.want)
+		}
+	}
+	if err := sluice.ValidatePolicy(promstore.OtherPolicies); err == nil {
+		t.Errorf("OtherPolicies %q is a valid policy name, so a policy could share its series", promstore.OtherPolicies)
+	}
+}
+
+// bounded is a store that decides only limits of capacity up to max, and
+// says so through sluice.LimitChecker.
+type bounded struct {
+	sluice.Store
+	max int64
+}
+
+func (b bounded) CheckLimit(l sluice.Limit) error {
+	if l.Capacity > b.max {
+		return fmt.Errorf("%w: capacity %d is above this store's bound %d", sluice.ErrInvalidLimit, l.Capacity, b.max)
+	}
+	return nil
+}
+
+// nonBlocking is a store that reports itself guard.NonBlocking.
+type nonBlocking struct{ sluice.Store }
+
+func (nonBlocking) NonBlocking() bool { return true }
+
+// TestForwarding: the wrapper asks the store it wraps whether it decides a
+// limit (so that sluice.NewLimiter refuses one it cannot at construction)
+// and whether it blocks (so that a guard in front of it knows).
+func TestForwarding(t *testing.T) {
+	ms := newMemstore(t, memstore.Options{})
+	s, err := promstore.New(bounded{ms, 100}, prometheus.NewRegistry(), promstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sluice.NewLimiter(s, "api", sluice.Limit{Capacity: 101, Rate: sluice.PerSecond(1)}); !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Errorf("NewLimiter(promstore(store bounded at 100), capacity 101) = %v, want an error wrapping ErrInvalidLimit", err)
+	}
+	if _, err := sluice.NewLimiter(s, "api", sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(1)}); err != nil {
+		t.Errorf("NewLimiter(promstore(store bounded at 100), capacity 100) = %v, want a limiter", err)
+	}
+	g := newGuard(t, bounded{ms, 100}, guard.Options{})
+	s, err = promstore.New(g, prometheus.NewRegistry(), promstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sluice.CheckLimit(s, sluice.Limit{Capacity: 101, Rate: sluice.PerSecond(1)}); !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Errorf("CheckLimit(promstore(guard(store bounded at 100)), capacity 101) = %v, want an error wrapping ErrInvalidLimit", err)
+	}
+	for _, tt := range []struct {
+		store sluice.Store
+		want  bool
+	}{
+		{nonBlocking{ms}, true},
+		{&switchable{Store: ms}, false},
+	} {
+		s, err := promstore.New(tt.store, prometheus.NewRegistry(), promstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.NonBlocking(); got != tt.want {
+			t.Errorf("promstore(%T).NonBlocking() = %v, want %v", tt.store, got, tt.want)
+		}
+	}
+}
+
+// TestOptionsRefused: every constructor refuses options out of range, or
+// a nil registerer, store or stats function, with an error wrapping
+// sluice.ErrInvalidOption that names it, and registers nothing; none
+// panics.
+func TestOptionsRefused(t *testing.T) {
+	ms := newMemstore(t, memstore.Options{})
+	constructors := []struct {
+		name string
+		new  func(reg prometheus.Registerer, o promstore.Options) error
+	}{
+		{"New", func(reg prometheus.Registerer, o promstore.Options) error {
+			_, err := promstore.New(ms, reg, o)
+			return err
+		}},
+		{"GuardHooks", func(reg prometheus.Registerer, o promstore.Options) error {
+			_, err := promstore.GuardHooks(reg, o)
+			return err
+		}},
+		{"RegisterMemstore", func(reg prometheus.Registerer, o promstore.Options) error {
+			return promstore.RegisterMemstore(reg, o, ms.Stats)
+		}},
+	}
+	for _, tt := range []struct {
+		name string
+		o    promstore.Options
+		says string
+	}{
+		{"negative MaxPolicies", promstore.Options{MaxPolicies: -1}, "MaxPolicies"},
+		{"unsorted DurationBuckets", promstore.Options{DurationBuckets: []float64{.1, .01}}, "DurationBuckets"},
+		{"repeated RemainingBuckets", promstore.Options{RemainingBuckets: []float64{0, .5, .5}}, "RemainingBuckets"},
+	} {
+		for _, c := range constructors {
+			t.Run(tt.name+"/"+c.name, func(t *testing.T) {
+				reg := prometheus.NewRegistry()
+				var err error
+				func() {
+					defer func() {
+						if v := recover(); v != nil {
+							err = fmt.Errorf("panic: %v", v)
+						}
+					}()
+					err = c.new(reg, tt.o)
+				}()
+				if !errors.Is(err, sluice.ErrInvalidOption) || !strings.Contains(err.Error(), tt.says) {
+					t.Errorf("%s with %+v: %v, want an error wrapping ErrInvalidOption naming %s", c.name, tt.o, err, tt.says)
+				}
+				if n, _ := testutil.GatherAndCount(reg); n != 0 {
+					t.Errorf("%d series registered by a refused call, want 0", n)
+				}
+			})
+		}
+	}
+	if _, err := promstore.New(nil, prometheus.NewRegistry(), promstore.Options{}); !errors.Is(err, sluice.ErrInvalidOption) {
+		t.Errorf("New with a nil store: %v, want an error wrapping ErrInvalidOption", err)
+	}
+	for _, c := range constructors {
+		if err := c.new(nil, promstore.Options{}); !errors.Is(err, sluice.ErrInvalidOption) {
+			t.Errorf("%s with a nil registerer: %v, want an error wrapping ErrInvalidOption", c.name, err)
+		}
+	}
+	if err := promstore.RegisterMemstore(prometheus.NewRegistry(), promstore.Options{}, nil); !errors.Is(err, sluice.ErrInvalidOption) {
+		t.Errorf("RegisterMemstore with nil stats: %v, want an error wrapping ErrInvalidOption", err)
 	}
 }
 
@@ -252,11 +430,11 @@ sluice_breaker_state{state="open"} 0
 sluice_breaker_transitions_total{to="closed"} 1
 sluice_breaker_transitions_total{to="half-open"} 2
 sluice_breaker_transitions_total{to="open"} 2
-# HELP sluice_degraded_total Decisions made by the failure policy instead of the store, by policy and reason (breaker_open or the kind of store error).
+# HELP sluice_degraded_total Decisions made by the failure mode instead of the store, by failure mode and reason (breaker_open, stalled or the kind of store error).
 # TYPE sluice_degraded_total counter
-sluice_degraded_total{policy="closed",reason="breaker_open"} 1
-sluice_degraded_total{policy="closed",reason="unavailable"} 3
-# HELP sluice_store_errors_total Failed calls to the guarded store, by operation and kind (timeout, unavailable, script, server, other, invalid, refused).
+sluice_degraded_total{failure_mode="closed",reason="breaker_open"} 1
+sluice_degraded_total{failure_mode="closed",reason="unavailable"} 3
+# HELP sluice_store_errors_total Calls to the guarded store that ended in an error, by operation and kind (timeout, unavailable, script, server, other; invalid, refused, misconfigured; canceled).
 # TYPE sluice_store_errors_total counter
 sluice_store_errors_total{kind="other",op="peek"} 0
 sluice_store_errors_total{kind="other",op="take"} 0
@@ -298,9 +476,9 @@ type sqlLike string
 func (e sqlLike) Error() string    { return "ERROR: something (SQLSTATE " + string(e) + ")" }
 func (e sqlLike) SQLState() string { return string(e) }
 
-// errPgUnavailable stands for pgstore.ErrUnavailable, which wraps every
-// failure of the PostgreSQL store.
-var errPgUnavailable = errors.New("pgstore: database unavailable")
+// errPgUnavailable is how the shared stores wrap their failures: in
+// sluice.ErrUnavailable, around the cause.
+var errPgUnavailable = fmt.Errorf("pgstore: %w", sluice.ErrUnavailable)
 
 type timeoutErr struct{}
 
@@ -344,7 +522,13 @@ func TestKind(t *testing.T) {
 		{fmt.Errorf("%w: take: %w", errPgUnavailable, sqlLike("53300")), promstore.KindServer},      // too_many_connections
 		{fmt.Errorf("%w: take: %w", errPgUnavailable, context.DeadlineExceeded), promstore.KindTimeout},
 		{fmt.Errorf("%w: take: %w", errPgUnavailable, context.Canceled), promstore.KindCanceled},
-		{errPgUnavailable, promstore.KindOther},
+		{errPgUnavailable, promstore.KindUnavailable},
+		{fmt.Errorf("redisstore: %w: %w", sluice.ErrUnavailable, redisLike("READONLY You can't write against a read only replica.")), promstore.KindServer},
+		{fmt.Errorf("redisstore: %w: %w", sluice.ErrUnavailable, &net.OpError{Op: "read", Err: timeoutErr{}}), promstore.KindTimeout},
+		{fmt.Errorf("pgstore: %w: relation \"sluice_buckets\" does not exist; run Migrate: %w", sluice.ErrMisconfigured, sqlLike("42P01")), promstore.KindMisconfigured},
+		{fmt.Errorf("redisstore: %w: %w", sluice.ErrMisconfigured, scriptLike{redisLike("WRONGTYPE Operation against a key holding the wrong kind of value")}), promstore.KindMisconfigured},
+		{fmt.Errorf("x: %w", sluice.ErrInvalidPolicy), promstore.KindInvalid},
+		{fmt.Errorf("%w: 3 calls running", guard.ErrStalled), promstore.KindStalled},
 		{errors.New("something"), promstore.KindOther},
 	}
 	for _, tt := range tests {
@@ -389,7 +573,14 @@ func TestMemstore(t *testing.T) {
 	}
 	c.Advance(time.Second) // every bucket full again
 	refuse.Take(t.Context(), sluice.Request{Policy: "test", Key: "d", Cost: 1, Limit: l})
+	// A take under another limit than the one the bucket holds converts it.
+	evict.Take(t.Context(), sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: l})
+	evict.Take(t.Context(), sluice.Request{Policy: "test", Key: "c", Cost: 1, Limit: sluice.Limit{Capacity: 20, Rate: sluice.PerSecond(10)}})
 	err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP sluice_memstore_conversions_total Takes that found their bucket stored under another limit than the request's and converted it; a steady rate means callers disagree on a policy's limit.
+# TYPE sluice_memstore_conversions_total counter
+sluice_memstore_conversions_total{store="evict"} 1
+sluice_memstore_conversions_total{store="refuse"} 0
 # HELP sluice_memstore_buckets Buckets held by the in-memory store.
 # TYPE sluice_memstore_buckets gauge
 sluice_memstore_buckets{store="evict"} 2
@@ -404,7 +595,7 @@ sluice_memstore_evictions_total{reason="lru",store="refuse"} 0
 # TYPE sluice_memstore_refused_total counter
 sluice_memstore_refused_total{store="evict"} 0
 sluice_memstore_refused_total{store="refuse"} 1
-`), "sluice_memstore_buckets", "sluice_memstore_evictions_total", "sluice_memstore_refused_total")
+`), "sluice_memstore_buckets", "sluice_memstore_conversions_total", "sluice_memstore_evictions_total", "sluice_memstore_refused_total")
 	if err != nil {
 		t.Error(err)
 	}
