@@ -95,18 +95,30 @@ func (s *Store) callAsync(ctx context.Context, op Op, r *sluice.Request) (sluice
 	callerDeadline, callerFirst := ctx.Deadline()
 	callerFirst = callerFirst && !deadline.Before(callerDeadline)
 	storeCtx, wait := ctx, ctx.Done()
-	if !callerFirst || wait == nil {
+	var late <-chan time.Time // only for a caller's context with a deadline but no Done channel
+	switch {
+	case !callerFirst:
 		var cancel context.CancelFunc
 		storeCtx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 		wait = storeCtx.Done()
+	case wait == nil:
+		t := time.NewTimer(time.Until(callerDeadline))
+		defer t.Stop()
+		late = t.C
 	}
 
 	c := &pending{s: s, ctx: storeCtx, op: op, r: *r, done: make(chan struct{}, 1)}
 	go c.run()
+	stopped := false
 	select {
 	case <-c.done:
 	case <-wait:
+		stopped = true
+	case <-late:
+		stopped = true
+	}
+	if stopped {
 		s.stalled.Add(1)
 		if c.state.CompareAndSwap(running, abandoned) {
 			// The store has not returned: answer now, without it.
@@ -126,11 +138,13 @@ func (s *Store) callAsync(ctx context.Context, op Op, r *sluice.Request) (sluice
 		return d, err, answered
 	}
 	// The store failed. Whose deadline, if any, had passed when it did?
+	// (A socket deadline set from the context fires at the same moment as
+	// the context's timer, and may be seen first.)
 	now := time.Now()
 	switch {
 	case ctx.Err() != nil, callerFirst && !now.Before(callerDeadline):
 		return sluice.Decision{}, callerErr(ctx), callerGone
-	case storeCtx.Err() != nil, !now.Before(deadline):
+	case !callerFirst && (storeCtx.Err() != nil || !now.Before(deadline)):
 		return sluice.Decision{}, fmt.Errorf("%w (%v): %w", ErrTimeout, s.timeout, err), failed
 	}
 	return d, err, failed

@@ -210,6 +210,32 @@ func TestCallerDeadlineFirst(t *testing.T) {
 	}
 }
 
+// doneless is a caller's context with a deadline but no Done channel (it
+// never reports its end): the guard keeps the deadline itself.
+type doneless struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c doneless) Deadline() (time.Time, bool) { return c.deadline, true }
+func (doneless) Done() <-chan struct{}         { return nil }
+func (doneless) Err() error                    { return nil }
+
+// TestCallerDeadlineWithoutDone: a caller's deadline is kept even if its
+// context never closes a Done channel.
+func TestCallerDeadlineWithoutDone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := mustNew(t, &deaf{hang: time.Second}, guard.Options{Timeout: 250 * time.Millisecond})
+		ctx := doneless{context.Background(), time.Now().Add(20 * time.Millisecond)}
+		start := time.Now()
+		d, err := g.Take(ctx, req)
+		if took := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || d.Degraded || took != 20*time.Millisecond {
+			t.Errorf("Take with a 20ms deadline and no Done channel = %+v, %v after %v; want context.DeadlineExceeded after 20ms", d, err, took)
+		}
+		time.Sleep(time.Second)
+	})
+}
+
 // TestCallerCancels: a caller that cancels while the store hangs gets
 // context.Canceled at once; nothing is degraded or counted.
 func TestCallerCancels(t *testing.T) {
