@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sluicehq/sluice"
@@ -55,8 +56,8 @@ func TestUnreachable(t *testing.T) {
 	for _, c := range calls {
 		t.Run(c.name, func(t *testing.T) {
 			d, err := c.call()
-			if !errors.Is(err, pgstore.ErrUnavailable) || d != (sluice.Decision{}) {
-				t.Fatalf("%s on a closed port = %+v, %v; want error %v", c.name, d, err, pgstore.ErrUnavailable)
+			if !errors.Is(err, sluice.ErrUnavailable) || d != (sluice.Decision{}) {
+				t.Fatalf("%s on a closed port = %+v, %v; want error %v", c.name, d, err, sluice.ErrUnavailable)
 			}
 			if errors.Is(err, sluice.ErrInvalidLimit) || errors.Is(err, sluice.ErrInvalidKey) {
 				t.Fatalf("%s: %v is also a parameter error", c.name, err)
@@ -114,8 +115,8 @@ func TestTimeouts(t *testing.T) {
 				d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit})
 				elapsed := time.Since(start)
 				var pe *pgconn.PgError
-				if !errors.Is(err, pgstore.ErrUnavailable) || !errors.As(err, &pe) || pe.Code != tt.code {
-					t.Fatalf("Take on a locked bucket = %+v, %v; want error %v with SQLSTATE %s", d, err, pgstore.ErrUnavailable, tt.code)
+				if !errors.Is(err, sluice.ErrUnavailable) || !errors.As(err, &pe) || pe.Code != tt.code {
+					t.Fatalf("Take on a locked bucket = %+v, %v; want error %v with SQLSTATE %s", d, err, sluice.ErrUnavailable, tt.code)
 				}
 				if elapsed > 5*time.Second {
 					t.Errorf("Take on a locked bucket took %v with a 50ms timeout", elapsed)
@@ -141,17 +142,143 @@ func TestTimeouts(t *testing.T) {
 	}
 }
 
-// TestNotMigrated: a store whose tables do not exist says so.
-func TestNotMigrated(t *testing.T) {
-	s, err := pgstore.New(context.Background(), testPool, pgstore.Options{Schema: testSchema, Table: "never_migrated", SweepInterval: -1})
-	if err != nil {
-		t.Fatal(err)
+// TestMisconfigured: a database that answers but is not set up for the
+// store (the schema, a table or a function missing, a schema of an older
+// version, sessions at another isolation level, a role without
+// privileges) is a deployment mistake, not an outage: Take, Peek and
+// Sweep return an error wrapping sluice.ErrMisconfigured, never
+// sluice.ErrUnavailable, that says what to do, and a retry fails the same
+// way.
+func TestMisconfigured(t *testing.T) {
+	ctx := context.Background()
+	r := sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}
+	// unmigrated returns a store of o's tables in schema, which it does
+	// not migrate.
+	unmigrated := func(t *testing.T, pool *pgxpool.Pool, schema, table string) *pgstore.Store {
+		t.Helper()
+		s, err := pgstore.New(ctx, pool, pgstore.Options{Schema: schema, Table: table, SweepInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
 	}
-	defer s.Close()
-	_, err = s.Take(context.Background(), sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit})
-	if !errors.Is(err, pgstore.ErrUnavailable) || !strings.Contains(err.Error(), "run Migrate") {
-		t.Fatalf("Take before Migrate = %v; want %v saying to run Migrate", err, pgstore.ErrUnavailable)
+	// used returns a migrated store of its own schema that has decided
+	// once, and the schema.
+	used := func(t *testing.T) (*pgstore.Store, string) {
+		t.Helper()
+		schema := ownSchema(t)
+		s := unmigrated(t, testPool, schema, "b")
+		if err := s.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Take(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		return s, schema
 	}
+	exec := func(t *testing.T, sql string) {
+		t.Helper()
+		if _, err := testPool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name string
+		new  func(t *testing.T) *pgstore.Store
+		says string
+		// takeOnly: Peek and Sweep are not affected.
+		takeOnly bool
+	}{
+		{"never migrated", func(t *testing.T) *pgstore.Store {
+			return unmigrated(t, testPool, testSchema, "never_migrated")
+		}, "run Migrate", false},
+		{"schema missing", func(t *testing.T) *pgstore.Store {
+			return unmigrated(t, testPool, testSchema+"_missing", "b")
+		}, "run Migrate", false},
+		{"schema version 2", func(t *testing.T) *pgstore.Store {
+			schema := ownSchema(t)
+			applyOldSchema(t, 2, schema, "b")
+			return unmigrated(t, testPool, schema, "b")
+		}, "run Migrate", false},
+		{"functions dropped after use", func(t *testing.T) *pgstore.Store {
+			s, schema := used(t)
+			dropFunctions(t, schema, "b")
+			return s
+		}, "run Migrate", false},
+		{"tables dropped after use", func(t *testing.T) *pgstore.Store {
+			s, schema := used(t)
+			exec(t, "DROP TABLE "+pgx.Identifier{schema, "b"}.Sanitize()+", "+pgx.Identifier{schema, "b_request_ids"}.Sanitize()+" CASCADE")
+			return s
+		}, "run Migrate", false},
+		{"schema dropped after use", func(t *testing.T) *pgstore.Store {
+			s, schema := used(t)
+			exec(t, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+			return s
+		}, "run Migrate", false},
+		{"serializable sessions", func(t *testing.T) *pgstore.Store {
+			cfg := testPool.Config()
+			cfg.MaxConns = 2
+			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			s, _ := newStoreOn(t, pool, pgstore.Options{})
+			return s
+		}, "READ COMMITTED", true},
+		{"role without privileges", func(t *testing.T) *pgstore.Store {
+			_, schema := used(t)
+			role := "sluice_test_nobody_" + randomHex(4)
+			exec(t, "CREATE ROLE "+pgx.Identifier{role}.Sanitize())
+			t.Cleanup(func() { testPool.Exec(context.Background(), "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize()) })
+			cfg := testPool.Config()
+			cfg.MaxConns = 2
+			cfg.ConnConfig.RuntimeParams["role"] = role
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			return unmigrated(t, pool, schema, "b")
+		}, "privilege", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := tt.new(t)
+			check := func(op string, err error) {
+				t.Helper()
+				if !errors.Is(err, sluice.ErrMisconfigured) || errors.Is(err, sluice.ErrUnavailable) || !strings.Contains(err.Error(), tt.says) {
+					t.Errorf("%s = %v; want an error wrapping %v (and not %v) that says %q", op, err, sluice.ErrMisconfigured, sluice.ErrUnavailable, tt.says)
+				}
+			}
+			for range 2 {
+				d, err := s.Take(ctx, r)
+				check("Take", err)
+				if d != (sluice.Decision{}) {
+					t.Errorf("Take = %+v with the error; want no decision", d)
+				}
+			}
+			if tt.takeOnly {
+				return
+			}
+			_, err := s.Peek(ctx, r)
+			check("Peek", err)
+			_, err = s.Sweep(ctx)
+			check("Sweep", err)
+		})
+	}
+}
+
+// ownSchema returns the name of a schema for t alone, dropped when t ends.
+func ownSchema(t *testing.T) string {
+	t.Helper()
+	schema := testSchema + "_" + randomHex(3)
+	t.Cleanup(func() {
+		testPool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	return schema
 }
 
 // TestCanceledContext: a context that has ended is its error, before any
@@ -168,21 +295,66 @@ func TestCanceledContext(t *testing.T) {
 	}
 }
 
-// TestIsolation: a pool whose sessions default to SERIALIZABLE gets a clear
-// error, not serialization failures under load.
-func TestIsolation(t *testing.T) {
+// TestUnavailableCauses: a database that cannot decide for the moment (a
+// session ended by an administrator, a read-only server, as after a
+// failover to a standby) is an error wrapping sluice.ErrUnavailable and
+// not sluice.ErrMisconfigured, with its cause.
+func TestUnavailableCauses(t *testing.T) {
 	ctx := context.Background()
-	cfg := testPool.Config()
-	cfg.MaxConns = 2
-	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
+	r := sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}
+	check := func(t *testing.T, op string, err error, code string) {
+		t.Helper()
+		var pe *pgconn.PgError
+		if !errors.Is(err, sluice.ErrUnavailable) || errors.Is(err, sluice.ErrMisconfigured) {
+			t.Fatalf("%s = %v; want an error wrapping %v and not %v", op, err, sluice.ErrUnavailable, sluice.ErrMisconfigured)
+		}
+		if code != "" && (!errors.As(err, &pe) || pe.Code != code) {
+			t.Fatalf("%s = %v; want SQLSTATE %s", op, err, code)
+		}
 	}
-	defer pool.Close()
-	s, _ := newStoreOn(t, pool, pgstore.Options{})
-	_, err = s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit})
-	if !errors.Is(err, pgstore.ErrUnavailable) || !strings.Contains(err.Error(), "READ COMMITTED") {
-		t.Fatalf("Take at SERIALIZABLE = %v; want %v saying READ COMMITTED", err, pgstore.ErrUnavailable)
-	}
+	t.Run("read-only", func(t *testing.T) {
+		cfg := testPool.Config()
+		cfg.MaxConns = 1
+		cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		_, table := newStoreTable(t, pgstore.Options{}) // migrated on a writable session
+		s, err := pgstore.New(ctx, pool, pgstore.Options{Schema: testSchema, Table: table, SweepInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		_, err = s.Take(ctx, r)
+		check(t, "Take on a read-only session", err, "25006")
+		_, err = s.Sweep(ctx)
+		check(t, "Sweep on a read-only session", err, "25006")
+	})
+	t.Run("session terminated", func(t *testing.T) {
+		s, table := newStoreTable(t, pgstore.Options{StatementTimeout: time.Minute, LockTimeout: time.Minute})
+		if _, err := s.Take(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := testPool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, "SELECT 1 FROM "+qualified(table)+" WHERE key = $1 FOR UPDATE", []byte("k")); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.Take(ctx, r)
+			done <- err
+		}()
+		waitForLockWait(t, table)
+		if _, err := testPool.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+			"%"+pgx.Identifier{testSchema, table + "_take"}.Sanitize()+"%"); err != nil {
+			t.Fatal(err)
+		}
+		check(t, "Take whose session was terminated", <-done, "")
+	})
 }

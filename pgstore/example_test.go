@@ -32,15 +32,18 @@ func Example() {
 
 	limit := sluice.Limit{Capacity: 5, Rate: sluice.Per(1, time.Minute)}
 	for range 2 {
-		d, err := store.Take(ctx, sluice.Request{Policy: testPolicy, Key: "user-42", Cost: 3, Limit: limit})
-		if errors.Is(err, pgstore.ErrUnavailable) {
+		d, err := store.Take(ctx, sluice.Request{Policy: "export", Key: "user-42", Cost: 3, Limit: limit})
+		if errors.Is(err, sluice.ErrUnavailable) {
 			// No decision: the database is down or timed out. Apply a
 			// failure policy; this is not a denial.
 			log.Print(err)
 			continue
 		}
 		if err != nil {
-			log.Fatal(err) // a bad parameter
+			// A bad parameter, or a deployment mistake such as a schema
+			// that was never migrated (sluice.ErrMisconfigured): no
+			// failure policy should decide in the store's place.
+			log.Fatal(err)
 		}
 		fmt.Println(d.Allowed, d.Remaining, d.RetryAfter.Round(time.Second))
 	}

@@ -32,7 +32,7 @@ func TestLockWaits(t *testing.T) {
 		{"row locked", "SELECT 1 FROM %s WHERE key = $1 FOR UPDATE", false},
 		{"row updated", "UPDATE %s SET stamp = stamp WHERE key = $1", false},
 		{"row being deleted", "DELETE FROM %s WHERE key = $1", false},
-		{"new key being inserted", "INSERT INTO %s (key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at) VALUES ($1, 10, 0, 0, 10, 1, 1000000, 0)", true},
+		{"new key being inserted", "INSERT INTO %s (policy, key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at) VALUES ('" + testPolicy + "', $1, 10, 0, 0, 10, 1, 1000000, 0)", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -169,12 +169,36 @@ func newStoreOn(t testing.TB, pool *pgxpool.Pool, o pgstore.Options) (*pgstore.S
 func dropTables(t testing.TB, table string) {
 	t.Helper()
 	q := func(suffix string) string { return pgx.Identifier{testSchema, table + suffix}.Sanitize() }
-	sql := "DROP TABLE IF EXISTS " + q("") + ", " + q("_request_ids") + ";"
-	for _, f := range []string{"_take", "_peek", "_sweep", "_advance", "_wait", "_clock"} {
-		sql += "DROP FUNCTION IF EXISTS " + q(f) + ";"
-	}
-	if _, err := testPool.Exec(context.Background(), sql); err != nil {
+	if _, err := testPool.Exec(context.Background(), "DROP TABLE IF EXISTS "+q("")+", "+q("_request_ids")+", "+q("_floor")); err != nil {
 		t.Errorf("dropping %s: %v", table, err)
+	}
+	dropFunctions(t, testSchema, table)
+}
+
+// dropFunctions drops every function of the store of table in schema,
+// whatever its arguments.
+func dropFunctions(t testing.TB, schema, table string) {
+	t.Helper()
+	ctx := context.Background()
+	var names []string
+	for _, f := range []string{"_take", "_peek", "_sweep", "_advance", "_wait", "_clock"} {
+		names = append(names, table+f)
+	}
+	rows, err := testPool.Query(ctx, `SELECT p.oid::regprocedure::text FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace
+		WHERE n.nspname = $1 AND p.proname = ANY ($2)`, schema, names)
+	if err != nil {
+		t.Errorf("listing the functions of %s: %v", table, err)
+		return
+	}
+	fns, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Errorf("listing the functions of %s: %v", table, err)
+		return
+	}
+	for _, f := range fns {
+		if _, err := testPool.Exec(ctx, "DROP FUNCTION IF EXISTS "+f); err != nil {
+			t.Errorf("dropping %s: %v", f, err)
+		}
 	}
 }
 

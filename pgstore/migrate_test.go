@@ -3,22 +3,27 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"text/template"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/pgstore"
 )
 
 // catalog lists the objects in schema whose names start with prefix, with
-// their kind and, for functions, their definition; and the columns and
-// options of its tables.
+// their kind and, for functions, their definition; the columns of its
+// tables (type, collation, NOT NULL), the definitions of their indexes and
+// constraints, and their comments.
 func catalog(t *testing.T, schema, prefix string) []string {
 	t.Helper()
 	rows, err := testPool.Query(context.Background(), `
@@ -30,9 +35,23 @@ func catalog(t *testing.T, schema, prefix string) []string {
 		FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 		WHERE n.nspname = $1 AND p.proname LIKE $2
 		UNION ALL
-		SELECT 'column ' || a.attrelid::regclass::text || ' ' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+		SELECT 'column ' || a.attrelid::regclass::text || ' ' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod) ||
+			coalesce(' collate ' || co.collname, '') || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
 		FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+			LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 0
 		WHERE n.nspname = $1 AND c.relname LIKE $2 AND a.attnum > 0 AND NOT a.attisdropped
+		UNION ALL
+		SELECT 'index ' || pg_get_indexdef(i.indexrelid)
+		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname LIKE $2
+		UNION ALL
+		SELECT 'constraint ' || co.conrelid::regclass::text || ' ' || co.conname || ' ' || pg_get_constraintdef(co.oid)
+		FROM pg_constraint co JOIN pg_namespace n ON n.oid = co.connamespace
+		WHERE n.nspname = $1 AND co.conname LIKE $2
+		UNION ALL
+		SELECT 'comment ' || c.relname || ' ' || obj_description(c.oid, 'pg_class')
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname LIKE $2 AND obj_description(c.oid, 'pg_class') IS NOT NULL
 		ORDER BY 1`, schema, prefix+"%")
 	if err != nil {
 		t.Fatal(err)
@@ -64,10 +83,19 @@ func TestMigrateIdempotent(t *testing.T) {
 	}
 	first := catalog(t, schema, "Buckets")
 	for _, want := range []string{
-		"r Buckets fillfactor=75", "r Buckets_request_ids ", "i Buckets_pkey ", "i Buckets_full_at_idx ",
-		"i Buckets_request_ids_pkey ", "i Buckets_request_ids_exp_idx ",
+		"r Buckets fillfactor=75", "r Buckets_request_ids ", "r Buckets_floor ", "i Buckets_pkey ", "i Buckets_full_at_idx ",
+		"i Buckets_request_ids_pkey ", "i Buckets_request_ids_exp_idx ", "i Buckets_floor_pkey ",
+		"comment Buckets sluice pgstore token buckets, schema version 3",
 	} {
 		if !contains(first, want) {
+			t.Errorf("after Migrate, no %q in the catalog:\n%s", want, strings.Join(first, "\n"))
+		}
+	}
+	for _, want := range []string{
+		`index CREATE UNIQUE INDEX "Buckets_pkey" ON ` + schema + `."Buckets" USING btree (policy, key)`,
+		`index CREATE UNIQUE INDEX "Buckets_request_ids_pkey" ON ` + schema + `."Buckets_request_ids" USING btree (policy, key, request_id)`,
+	} {
+		if !slices.Contains(first, want) {
 			t.Errorf("after Migrate, no %q in the catalog:\n%s", want, strings.Join(first, "\n"))
 		}
 	}
@@ -104,6 +132,30 @@ func TestMigrateIdempotent(t *testing.T) {
 	}
 }
 
+// applyOldSchema creates schema and in it the tables and functions of
+// table as schema version v of this package made them
+// (testdata/schema_v<v>.sql).
+func applyOldSchema(t *testing.T, v int, schema, table string) {
+	t.Helper()
+	q := func(suffix string) string { return pgx.Identifier{schema, table + suffix}.Sanitize() }
+	text, err := os.ReadFile(fmt.Sprintf("testdata/schema_v%d.sql", v))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var script strings.Builder
+	err = template.Must(template.New("old").Parse(string(text))).Execute(&script, map[string]any{
+		"Version": v, "Schema": pgx.Identifier{schema}.Sanitize(), "Buckets": q(""), "RequestIDs": q("_request_ids"),
+		"FullAtIndex": pgx.Identifier{table + "_full_at_idx"}.Sanitize(), "ExpiresIndex": pgx.Identifier{table + "_request_ids_exp_idx"}.Sanitize(),
+		"Clock": q("_clock"), "Wait": q("_wait"), "Advance": q("_advance"), "Take": q("_take"), "Peek": q("_peek"), "Sweep": q("_sweep"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testPool.Exec(context.Background(), "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()+";"+script.String()); err != nil {
+		t.Fatalf("applying schema version %d: %v", v, err)
+	}
+}
+
 func replayed(d sluice.Decision) sluice.Decision {
 	d.Replayed = true
 	return d
@@ -118,51 +170,64 @@ func contains(list []string, prefix string) bool {
 	return false
 }
 
-// TestOptions: names that are not plain identifiers, or too long for the
-// names made from them, are refused by New.
+// TestOptions: New refuses an option out of its range with an error
+// wrapping sluice.ErrInvalidOption that names the option, and repairs
+// none; zero values are the defaults, and the negative values that are
+// documented (no timeout, no sweeper, no pause) are accepted.
 func TestOptions(t *testing.T) {
 	tests := []struct {
 		name string
 		o    pgstore.Options
-		ok   bool
+		says string // "": valid
 	}{
-		{"defaults", pgstore.Options{}, true},
-		{"mixed case", pgstore.Options{Schema: "Rate_Limits", Table: "Buckets2"}, true},
-		{"longest table", pgstore.Options{Table: strings.Repeat("t", pgstore.MaxTableLen)}, true},
-		{"longest schema", pgstore.Options{Schema: strings.Repeat("s", pgstore.MaxSchemaLen)}, true},
-		{"table too long", pgstore.Options{Table: strings.Repeat("t", pgstore.MaxTableLen+1)}, false},
-		{"schema too long", pgstore.Options{Schema: strings.Repeat("s", pgstore.MaxSchemaLen+1)}, false},
-		{"quote", pgstore.Options{Table: `a"b`}, false},
-		{"dot", pgstore.Options{Schema: "a.b"}, false},
-		{"space", pgstore.Options{Table: "a b"}, false},
-		{"leading digit", pgstore.Options{Table: "1a"}, false},
-		{"non-ASCII", pgstore.Options{Table: "tabellé"}, false},
-		{"semicolon", pgstore.Options{Table: "t;DROP"}, false},
-		{"unknown policy", pgstore.Options{OnLimitChange: 7}, false},
-		{"no sweep pause", pgstore.Options{SweepPauseRatio: -1}, true},
-		{"no sweep pause, -Inf", pgstore.Options{SweepPauseRatio: math.Inf(-1)}, true},
-		{"sweep pause NaN", pgstore.Options{SweepPauseRatio: math.NaN()}, false},
-		{"sweep pause +Inf", pgstore.Options{SweepPauseRatio: math.Inf(1)}, false},
+		{"defaults", pgstore.Options{}, ""},
+		{"mixed case", pgstore.Options{Schema: "Rate_Limits", Table: "Buckets2"}, ""},
+		{"longest table", pgstore.Options{Table: strings.Repeat("t", pgstore.MaxTableLen)}, ""},
+		{"longest schema", pgstore.Options{Schema: strings.Repeat("s", pgstore.MaxSchemaLen)}, ""},
+		{"table too long", pgstore.Options{Table: strings.Repeat("t", pgstore.MaxTableLen+1)}, "Table"},
+		{"schema too long", pgstore.Options{Schema: strings.Repeat("s", pgstore.MaxSchemaLen+1)}, "Schema"},
+		{"quote", pgstore.Options{Table: `a"b`}, "Table"},
+		{"dot", pgstore.Options{Schema: "a.b"}, "Schema"},
+		{"space", pgstore.Options{Table: "a b"}, "Table"},
+		{"leading digit", pgstore.Options{Table: "1a"}, "Table"},
+		{"non-ASCII", pgstore.Options{Table: "tabellé"}, "Table"},
+		{"semicolon", pgstore.Options{Table: "t;DROP"}, "Table"},
+		{"unknown conversion", pgstore.Options{OnLimitChange: 7}, "OnLimitChange"},
+		{"negative request ID TTL", pgstore.Options{RequestIDTTL: -time.Second}, "RequestIDTTL"},
+		{"no timeouts", pgstore.Options{StatementTimeout: -1, LockTimeout: -1}, ""},
+		{"longest timeouts", pgstore.Options{StatementTimeout: pgstore.MaxTimeout, LockTimeout: pgstore.MaxTimeout}, ""},
+		{"statement timeout too long", pgstore.Options{StatementTimeout: pgstore.MaxTimeout + 1}, "StatementTimeout"},
+		{"lock timeout too long", pgstore.Options{LockTimeout: pgstore.MaxTimeout + time.Millisecond}, "LockTimeout"},
+		{"no sweeper", pgstore.Options{SweepInterval: -1}, ""},
+		{"negative sweep batch", pgstore.Options{SweepBatch: -1}, "SweepBatch"},
+		{"largest sweep batch", pgstore.Options{SweepBatch: pgstore.MaxSweepBatch}, ""},
+		{"sweep batch too large", pgstore.Options{SweepBatch: pgstore.MaxSweepBatch + 1}, "SweepBatch"},
+		{"no sweep pause", pgstore.Options{SweepPauseRatio: -1}, ""},
+		{"no sweep pause, -Inf", pgstore.Options{SweepPauseRatio: math.Inf(-1)}, ""},
+		{"sweep pause NaN", pgstore.Options{SweepPauseRatio: math.NaN()}, "SweepPauseRatio"},
+		{"sweep pause +Inf", pgstore.Options{SweepPauseRatio: math.Inf(1)}, "SweepPauseRatio"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			o := tt.o
-			o.SweepInterval = -1
+			if o.SweepInterval == 0 {
+				o.SweepInterval = -1
+			}
 			s, err := pgstore.New(context.Background(), testPool, o)
-			if tt.ok {
+			if tt.says == "" {
 				if err != nil {
 					t.Fatalf("New(%+v) = %v; want no error", tt.o, err)
 				}
 				s.Close()
 				return
 			}
-			if !errors.Is(err, pgstore.ErrInvalidOptions) {
-				t.Fatalf("New(%+v) = %v; want error %v", tt.o, err, pgstore.ErrInvalidOptions)
+			if !errors.Is(err, sluice.ErrInvalidOption) || !strings.Contains(err.Error(), tt.says) {
+				t.Fatalf("New(%+v) = %v; want an error wrapping %v that names %s", tt.o, err, sluice.ErrInvalidOption, tt.says)
 			}
 		})
 	}
-	if _, err := pgstore.New(context.Background(), nil, pgstore.Options{}); !errors.Is(err, pgstore.ErrInvalidOptions) {
-		t.Fatalf("New with a nil pool = %v; want error %v", err, pgstore.ErrInvalidOptions)
+	if _, err := pgstore.New(context.Background(), nil, pgstore.Options{}); !errors.Is(err, sluice.ErrInvalidOption) {
+		t.Fatalf("New with a nil pool = %v; want error %v", err, sluice.ErrInvalidOption)
 	}
 }
 
@@ -195,46 +260,61 @@ func TestLongestNames(t *testing.T) {
 	}
 }
 
-// TestMigrateFromVersion1: Migrate upgrades a schema made by version 1
-// (testdata/schema_v1.sql), whose take function returns no o_lock_wait_us:
-// before it, a store of this version says to run Migrate; after it, the
-// buckets and request IDs are kept, the take function's privileges are
-// those granted on the old one, and a statement prepared by a process of
-// version 1 still runs.
-func TestMigrateFromVersion1(t *testing.T) {
+// TestMigrateFrom: Migrate upgrades a schema made by version 1 or 2
+// (testdata/schema_v1.sql, schema_v2.sql), which key buckets by key alone.
+// Before it, a store of this version says to run Migrate. After it, the
+// schema is the one Migrate makes from nothing; the old rows are kept under
+// the policy ”, where statements prepared by a process of the old version
+// still decide (replaying its request IDs), apart from the buckets of
+// every named policy; and the take and peek functions, old and new, have
+// the privileges granted on the old ones, and the floor table those on the
+// bucket table, so that a role allowed only to decide and sweep still can.
+func TestMigrateFrom(t *testing.T) {
+	for _, v := range []int{1, 2} {
+		t.Run(fmt.Sprintf("version %d", v), func(t *testing.T) { testMigrateFrom(t, v) })
+	}
+}
+
+func testMigrateFrom(t *testing.T, v int) {
 	ctx := context.Background()
-	schema, table := testSchema+"_v1", "Buckets"
-	role := "sluice_test_decider_" + randomHex(4)
-	if _, err := testPool.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { testPool.Exec(context.Background(), "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize()) })
-	t.Cleanup(func() {
-		testPool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
+	schema, table := ownSchema(t), "Buckets"
 	q := func(suffix string) string { return pgx.Identifier{schema, table + suffix}.Sanitize() }
-	v1, err := os.ReadFile("testdata/schema_v1.sql")
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := testPool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	// The schema Migrate makes from nothing, for comparison.
+	fresh, err := pgstore.New(ctx, testPool, pgstore.Options{Schema: schema, Table: table, SweepInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var script strings.Builder
-	err = template.Must(template.New("v1").Parse(string(v1))).Execute(&script, map[string]any{
-		"Version": 1, "Buckets": q(""), "RequestIDs": q("_request_ids"),
-		"FullAtIndex": pgx.Identifier{table + "_full_at_idx"}.Sanitize(), "ExpiresIndex": pgx.Identifier{table + "_request_ids_exp_idx"}.Sanitize(),
-		"Clock": q("_clock"), "Wait": q("_wait"), "Advance": q("_advance"), "Take": q("_take"), "Peek": q("_peek"), "Sweep": q("_sweep"),
+	defer fresh.Close()
+	if err := fresh.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate from nothing: %v", err)
+	}
+	want := catalog(t, schema, table)
+	exec("DROP SCHEMA " + pgx.Identifier{schema}.Sanitize() + " CASCADE")
+
+	role := "sluice_test_decider_" + randomHex(4)
+	exec("CREATE ROLE " + pgx.Identifier{role}.Sanitize())
+	t.Cleanup(func() {
+		testPool.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize()+"; DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize())
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	take := q("_take") + "(bytea, bigint, bigint, bigint, bigint, bigint, bigint, integer, bytea, bigint, bigint)"
-	if _, err := testPool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()+";"+script.String()+
-		"; REVOKE EXECUTE ON FUNCTION "+take+" FROM PUBLIC; GRANT EXECUTE ON FUNCTION "+take+" TO "+pgx.Identifier{role}.Sanitize()); err != nil {
-		t.Fatalf("applying schema version 1: %v", err)
-	}
-	privileges := func() []string {
+	applyOldSchema(t, v, schema, table)
+	oldTake := q("_take") + "(bytea, bigint, bigint, bigint, bigint, bigint, bigint, integer, bytea, bigint, bigint)"
+	oldPeek := q("_peek") + "(bytea, bigint, bigint, bigint, bigint, bigint, integer, bigint)"
+	newTake := q("_take") + "(text, bytea, bigint, bigint, bigint, bigint, bigint, bigint, integer, bytea, bigint, bigint)"
+	newPeek := q("_peek") + "(text, bytea, bigint, bigint, bigint, bigint, bigint, bigint, integer, bigint)"
+	r := pgx.Identifier{role}.Sanitize()
+	exec("REVOKE EXECUTE ON FUNCTION " + oldTake + ", " + oldPeek + " FROM PUBLIC; GRANT EXECUTE ON FUNCTION " + oldTake + ", " + oldPeek + " TO " + r +
+		"; GRANT USAGE ON SCHEMA " + pgx.Identifier{schema}.Sanitize() + " TO " + r +
+		"; GRANT SELECT, INSERT, UPDATE, DELETE ON " + q("") + ", " + q("_request_ids") + " TO " + r)
+	privileges := func(fn string) []string {
 		t.Helper()
 		rows, err := testPool.Query(ctx, `SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_get_userbyid(a.grantee) END || ' ' || a.privilege_type || ' ' || a.is_grantable
-			FROM pg_proc AS p, aclexplode(p.proacl) AS a WHERE p.oid = to_regprocedure($1) ORDER BY 1`, take)
+			FROM pg_proc AS p, aclexplode(p.proacl) AS a WHERE p.oid = to_regprocedure($1) AND a.grantee <> p.proowner ORDER BY 1`, fn)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -244,31 +324,50 @@ func TestMigrateFromVersion1(t *testing.T) {
 		}
 		return privs
 	}
-	before := privileges()
-	if !contains(before, role+" EXECUTE") || contains(before, "PUBLIC") {
-		t.Fatalf("the version 1 take function's privileges are %q; want EXECUTE for %s and none for PUBLIC", before, role)
+	before := privileges(oldTake)
+	if want := []string{role + " EXECUTE false"}; !cmp.Equal(before, want) || !cmp.Equal(privileges(oldPeek), want) {
+		t.Fatalf("the old take and peek functions' privileges are %q and %q; want %q", before, privileges(oldPeek), want)
 	}
 
-	// A process of version 1 decides with a prepared statement.
+	// A process of the old version decides with prepared statements.
 	conn, err := testPool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	v1Take := "SELECT o_status, o_allowed, o_remaining, o_retry_us, o_reset_us, o_cost, o_capacity, o_rate_tokens, o_period_us FROM " +
-		q("_take") + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
-	v1Decide := func(cost int64, id string) (allowed bool, remaining int64) {
-		t.Helper()
-		var status int32
-		var retry, reset, c, capacity, tokens, period int64
-		if err := conn.QueryRow(ctx, v1Take, []byte("k"), cost, int64(10), int64(1), int64(1e6), int64(1), int64(1e6), int32(0), []byte(id), int64(300e6), nil).
-			Scan(&status, &allowed, &remaining, &retry, &reset, &c, &capacity, &tokens, &period); err != nil {
-			t.Fatalf("a version 1 take: %v", err)
-		}
-		return allowed, remaining
+	columns := "o_status, o_allowed, o_remaining, o_retry_us, o_reset_us, o_cost, o_capacity, o_rate_tokens, o_period_us"
+	if v >= 2 {
+		columns += ", o_lock_wait_us"
 	}
-	if allowed, remaining := v1Decide(4, "r"); !allowed || remaining != 6 {
-		t.Fatalf("a version 1 take of 4 from a new bucket of 10 = %v, %d remaining; want allowed, 6", allowed, remaining)
+	oldDecide := func(cost int64, id string) (status int32, allowed bool, remaining int64) {
+		t.Helper()
+		var retry, reset, c, capacity, tokens, period, wait int64
+		dst := []any{&status, &allowed, &remaining, &retry, &reset, &c, &capacity, &tokens, &period}
+		if v >= 2 {
+			dst = append(dst, &wait)
+		}
+		var idArg any
+		if id != "" {
+			idArg = []byte(id)
+		}
+		if err := conn.QueryRow(ctx, "SELECT "+columns+" FROM "+q("_take")+"($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+			[]byte("k"), cost, int64(10), int64(1), int64(1e6), int64(1), int64(1e6), int32(0), idArg, int64(300e6), nil).Scan(dst...); err != nil {
+			t.Fatalf("a version %d take: %v", v, err)
+		}
+		return status, allowed, remaining
+	}
+	oldPeekRemaining := func() int64 {
+		t.Helper()
+		var allowed bool
+		var remaining, retry, reset int64
+		if err := conn.QueryRow(ctx, "SELECT o_allowed, o_remaining, o_retry_us, o_reset_us FROM "+q("_peek")+"($1, $2, $3, $4, $5, $6, $7, $8)",
+			[]byte("k"), int64(10), int64(1), int64(1e6), int64(1), int64(1e6), int32(0), nil).Scan(&allowed, &remaining, &retry, &reset); err != nil {
+			t.Fatalf("a version %d peek: %v", v, err)
+		}
+		return remaining
+	}
+	if status, allowed, remaining := oldDecide(4, "r"); status != 0 || !allowed || remaining != 6 {
+		t.Fatalf("a version %d take of 4 from a new bucket of 10 = status %d, %v, %d remaining; want 0, allowed, 6", v, status, allowed, remaining)
 	}
 
 	s, err := pgstore.New(ctx, testPool, pgstore.Options{Schema: schema, Table: table, SweepInterval: -1})
@@ -276,32 +375,102 @@ func TestMigrateFromVersion1(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	r := sluice.Request{Policy: testPolicy, Key: "k", Cost: 4, Limit: sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}, RequestID: "r"}
-	if _, err := s.Take(ctx, r); !errors.Is(err, pgstore.ErrUnavailable) || !strings.Contains(err.Error(), "run Migrate") {
-		t.Fatalf("Take on a version 1 schema = %v; want %v saying to run Migrate", err, pgstore.ErrUnavailable)
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
+	req := sluice.Request{Policy: testPolicy, Key: "k", Cost: 4, Limit: l, RequestID: "r"}
+	if _, err := s.Take(ctx, req); !errors.Is(err, sluice.ErrMisconfigured) || !strings.Contains(err.Error(), "run Migrate") {
+		t.Fatalf("Take on a version %d schema = %v; want %v saying to run Migrate", v, err, sluice.ErrMisconfigured)
 	}
 	if err := s.Migrate(ctx); err != nil {
-		t.Fatalf("Migrate from version 1: %v", err)
+		t.Fatalf("Migrate from version %d: %v", v, err)
 	}
-	if after := privileges(); !cmp.Equal(before, after) {
-		t.Errorf("Migrate changed the take function's privileges from %q to %q", before, after)
+	got := catalog(t, schema, table)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("the schema migrated from version %d is not the one made from nothing (-fresh +migrated):\n%s", v, diff)
 	}
-	// The request ID remembered by version 1 is replayed by this one.
-	if d, err := s.Take(ctx, r); err != nil || !d.Replayed || d.Remaining != 6 {
-		t.Fatalf("Take(%+v) after Migrate = %+v, %v; want the replay of version 1's decision (6 remaining)", r, d, err)
+	for _, fn := range []string{oldTake, oldPeek, newTake, newPeek} {
+		if after := privileges(fn); !cmp.Equal(before, after) {
+			t.Errorf("after Migrate, %s has the privileges %q; want those of the old take function, %q", fn, after, before)
+		}
 	}
-	// The version 1 process still decides, on the same bucket.
-	if allowed, remaining := v1Decide(1, ""); !allowed || remaining < 5 || remaining > 6 {
-		t.Fatalf("a version 1 take of 1 after Migrate = %v, %d remaining; want allowed, 5 or 6 (a refill)", allowed, remaining)
+
+	// The old process decides on its bucket, under the policy '': its
+	// request ID is replayed, a new take refills from its stamp.
+	if status, allowed, remaining := oldDecide(4, "r"); status != 1 || !allowed || remaining != 6 {
+		t.Fatalf("a version %d retry of its request ID after Migrate = status %d, %v, %d remaining; want the replay (1, allowed, 6)", v, status, allowed, remaining)
 	}
-	first := catalog(t, schema, table)
+	if status, allowed, remaining := oldDecide(1, ""); status != 0 || !allowed || remaining < 5 || remaining > 6 {
+		t.Fatalf("a version %d take of 1 after Migrate = status %d, %v, %d remaining; want allowed, 5 or 6 (a refill)", v, status, allowed, remaining)
+	}
+	if remaining := oldPeekRemaining(); remaining < 5 || remaining > 6 {
+		t.Fatalf("a version %d peek after Migrate = %d remaining; want 5 or 6", v, remaining)
+	}
+	// A named policy's bucket of the same key is its own, and so is its
+	// request ID.
+	if d, err := s.Take(ctx, req); err != nil || d.Replayed || d.Remaining != 6 {
+		t.Fatalf("Take(%+v) after Migrate = %+v, %v; want a new decision from a full bucket (6 remaining)", req, d, err)
+	}
+	var legacy int
+	if err := testPool.QueryRow(ctx, "SELECT count(*) FROM "+q("")+" WHERE policy = ''").Scan(&legacy); err != nil || legacy != 1 {
+		t.Fatalf("%d rows under the policy '' after Migrate, %v; want the old process's one", legacy, err)
+	}
+
+	// The role that could decide with the old functions decides and sweeps
+	// with the new ones.
+	cfg := testPool.Config()
+	cfg.MaxConns = 1
+	cfg.ConnConfig.RuntimeParams["role"] = role
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	decider, err := pgstore.New(ctx, pool, pgstore.Options{Schema: schema, Table: table, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer decider.Close()
+	if d, err := decider.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k2", Cost: 1, Limit: l}); err != nil || !d.Allowed {
+		t.Fatalf("Take as %s after Migrate = %+v, %v; want allowed", role, d, err)
+	}
+	if d, err := decider.Peek(ctx, sluice.Request{Policy: testPolicy, Key: "k2", Cost: 1, Limit: l}); err != nil || !d.Allowed {
+		t.Fatalf("Peek as %s after Migrate = %+v, %v; want allowed", role, d, err)
+	}
+	if _, err := decider.Sweep(ctx); err != nil {
+		t.Fatalf("Sweep as %s after Migrate: %v", role, err)
+	}
+
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate again: %v", err)
 	}
-	if diff := cmp.Diff(first, catalog(t, schema, table)); diff != "" {
+	if diff := cmp.Diff(got, catalog(t, schema, table)); diff != "" {
 		t.Errorf("Migrate again changed the catalog (-first +again):\n%s", diff)
 	}
-	if after := privileges(); !cmp.Equal(before, after) {
-		t.Errorf("Migrate again changed the take function's privileges from %q to %q", before, after)
+	for _, fn := range []string{oldTake, oldPeek, newTake, newPeek} {
+		if after := privileges(fn); !cmp.Equal(before, after) {
+			t.Errorf("after Migrate again, %s has the privileges %q; want %q", fn, after, before)
+		}
+	}
+}
+
+// TestMigrateRefusesNewer: Migrate leaves a schema of a later version than
+// SchemaVersion as it is, with an error wrapping sluice.ErrMisconfigured,
+// rather than putting this version's functions back; decisions go on.
+func TestMigrateRefusesNewer(t *testing.T) {
+	ctx := context.Background()
+	s, table := newStoreTable(t, pgstore.Options{})
+	if _, err := testPool.Exec(ctx, "COMMENT ON TABLE "+qualified(table)+" IS 'sluice pgstore token buckets, schema version 99'; "+
+		"CREATE OR REPLACE FUNCTION "+qualified(table+"_clock")+"() RETURNS bigint LANGUAGE sql AS 'SELECT 99::bigint'"); err != nil {
+		t.Fatal(err)
+	}
+	before := catalog(t, testSchema, table)
+	err := s.Migrate(ctx)
+	if !errors.Is(err, sluice.ErrMisconfigured) || !strings.Contains(err.Error(), "version 99") {
+		t.Fatalf("Migrate of a schema of version 99 = %v; want an error wrapping %v that names the version", err, sluice.ErrMisconfigured)
+	}
+	if diff := cmp.Diff(before, catalog(t, testSchema, table)); diff != "" {
+		t.Errorf("a refused Migrate changed the catalog (-before +after):\n%s", diff)
+	}
+	if d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}); err != nil || !d.Allowed {
+		t.Fatalf("Take on a newer schema = %+v, %v; want allowed", d, err)
 	}
 }

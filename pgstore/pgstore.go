@@ -4,24 +4,35 @@
 //
 // Every decision is one statement at READ COMMITTED: a PL/pgSQL function
 // that locks the bucket's row, refills it, converts it to a changed limit,
-// decides, records the request ID and keeps the expiry column up to date, all
-// in one transaction and one round trip. There is no read in one round trip
-// and write in another, and no retry loop on serialization failures. The
-// arithmetic is sluice.Plan's at a tick of one microsecond, in bigint and
-// numeric (arbitrary precision), so decisions equal the in-memory store's
-// exactly for limits whose period is a whole number of microseconds.
+// decides, records the request ID of an allowed decision and keeps the
+// expiry column up to date, all in one transaction and one round trip.
+// There is no read in one round trip and write in another, and no retry
+// loop on serialization failures. The arithmetic is bucket.Plan's at a tick
+// of one microsecond, in bigint and numeric (arbitrary precision), so
+// decisions equal the in-memory store's exactly for limits whose period is a
+// whole number of microseconds (CheckLimit).
+//
+// A bucket is the row of (policy, key): the policy name and the key are the
+// two columns of the primary key, so two policies never share a bucket or a
+// request ID, and the key is stored as the caller gave it.
 //
 // Time is the database's clock (clock_timestamp(), read once per statement)
 // unless Options.Now supplies it, so processes with skewed clocks agree. Full
 // buckets and expired request IDs are deleted in bounded batches by a
 // sweeper goroutine that Close stops; it pauses between batches
 // (Options.SweepPauseRatio) so as to leave the database to the decisions.
-// The decision function also reports how long it waited for the bucket's
-// row lock, which Stats adds up, with the decisions that gave up at the lock
-// timeout, for metrics.
+// A sweep also raises a floor, its time, before which no bucket is created
+// again, so that deleting a full bucket never gives tokens back to a take
+// whose time was read before the sweep. The decision function also reports
+// how long it waited for the bucket's row lock, which Stats adds up, with
+// the decisions that gave up at the lock timeout and those that converted
+// a bucket to another limit, for metrics.
 //
 // The schema ships with the package and is applied by Migrate, never at
-// import or by New. It needs PostgreSQL 14 or later. See docs/postgres.md.
+// import or by New. It needs PostgreSQL 14 or later. A store whose schema
+// is missing or older than SchemaVersion returns errors wrapping
+// sluice.ErrMisconfigured that say to run Migrate; a database that cannot
+// answer, errors wrapping sluice.ErrUnavailable. See docs/postgres.md.
 package pgstore
 
 import (
@@ -40,22 +51,6 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 )
 
-// Errors of this package, besides the sluice sentinels for bad parameters.
-var (
-	// ErrUnavailable means no decision could be had from the database: it
-	// could not be reached, the connection broke, a statement or lock
-	// timeout expired, the context ended during the call, or the schema is
-	// missing. It wraps the cause (test with errors.Is and errors.As, for
-	// example for *pgconn.PgError). It is never a denial: a caller decides
-	// by its failure policy. If the connection broke after the statement
-	// was sent, the decision may have been made; a request ID makes the
-	// retry safe.
-	ErrUnavailable = errors.New("pgstore: database unavailable")
-	// ErrInvalidOptions means New was given an unusable option, such as a
-	// table name that is not a plain identifier.
-	ErrInvalidOptions = errors.New("pgstore: invalid options")
-)
-
 // Defaults for the zero Options.
 const (
 	DefaultSchema           = "public"
@@ -68,11 +63,21 @@ const (
 	DefaultSweepPauseRatio  = 9.0
 )
 
+// Bounds on Options.
+const (
+	// MaxTimeout is the longest StatementTimeout and LockTimeout:
+	// PostgreSQL's limit for both settings (2^31-1 ms, about 24.8 days).
+	MaxTimeout = math.MaxInt32 * time.Millisecond
+	// MaxSweepBatch is the largest SweepBatch.
+	MaxSweepBatch = 1 << 30
+)
+
 // maxSweepPause bounds one pause of a sweep between two batches.
 const maxSweepPause = time.Minute
 
 // Options configure a Store. The zero value of every field means its
-// documented default.
+// documented default; New refuses a value out of range with an error
+// wrapping sluice.ErrInvalidOption and repairs none.
 type Options struct {
 	// Schema is the PostgreSQL schema holding the store's tables and
 	// functions. Default DefaultSchema ("public"). It must be a plain
@@ -85,13 +90,14 @@ type Options struct {
 	// identifier of at most MaxTableLen bytes, quoted. Stores with the
 	// same Schema and Table share their buckets.
 	Table string
-	// OnLimitChange converts a bucket's level when a request arrives with
-	// a limit other than the one it was last decided under. Default
-	// sluice.KeepTokens. Processes sharing a table should agree on it.
+	// OnLimitChange converts a bucket's level when a request of its policy
+	// arrives with a limit other than the one it was last decided under.
+	// Default sluice.KeepTokens. Processes sharing a table should agree on
+	// it. Stats counts the conversions.
 	OnLimitChange sluice.Conversion
-	// RequestIDTTL is how long the first decision of a request ID is
-	// remembered, rounded up to whole microseconds. Default
-	// DefaultRequestIDTTL (5 minutes).
+	// RequestIDTTL is how long the first allowed decision of a request ID
+	// is remembered, rounded up to whole microseconds. Default
+	// DefaultRequestIDTTL (5 minutes); it must not be negative.
 	RequestIDTTL time.Duration
 	// Now, if not nil, is the clock: its readings are sent with each
 	// statement, in whole microseconds since the Unix epoch. Default nil:
@@ -103,14 +109,15 @@ type Options struct {
 	// StatementTimeout bounds each statement on the server
 	// (statement_timeout, set for the statement's transaction only, in
 	// whole milliseconds rounded up). Default DefaultStatementTimeout
-	// (200ms); negative leaves the session's setting alone. Use the
-	// context for a deadline on the whole call, network included.
+	// (200ms); negative leaves the session's setting alone; at most
+	// MaxTimeout. Use the context for a deadline on the whole call,
+	// network included.
 	StatementTimeout time.Duration
 	// LockTimeout bounds the wait for a bucket's row lock (lock_timeout,
 	// set like StatementTimeout), so that a hot key fails fast instead of
 	// queueing. Default DefaultLockTimeout (100ms); negative leaves the
-	// session's setting alone. Stats counts the decisions that waited and
-	// those that gave up.
+	// session's setting alone; at most MaxTimeout. Stats counts the
+	// decisions that waited and those that gave up.
 	LockTimeout time.Duration
 	// SweepInterval is how often a background goroutine deletes full
 	// buckets and expired request IDs. Default DefaultSweepInterval (10s);
@@ -124,7 +131,8 @@ type Options struct {
 	// Smaller batches lock fewer rows at a time but each costs a
 	// statement: with 250 rows, a paced sweep of 200,000 full buckets took
 	// about three times as long as with 1,000 (docs/postgres.md).
-	// Default DefaultSweepBatch (1,000).
+	// Default DefaultSweepBatch (1,000); at most MaxSweepBatch, and not
+	// negative.
 	SweepBatch int
 	// SweepPauseRatio paces sweeps so that they leave the database to the
 	// decisions: after each batch that came back full, a sweep pauses for
@@ -137,7 +145,7 @@ type Options struct {
 	// most a tenth of the time; in BenchmarkTakeDuringSweep decisions
 	// then lost about a tenth of their rate while a large backlog was
 	// swept, against a fifth to a third unpaced); negative: no pause, the
-	// fastest sweep. NaN and +Inf are refused (ErrInvalidOptions).
+	// fastest sweep. NaN and +Inf are refused.
 	SweepPauseRatio float64
 }
 
@@ -154,32 +162,41 @@ type Store struct {
 	sweepSQL  string
 	prelude   string // sets the timeouts for one transaction; "" if none
 	timeouts  []any  // the prelude's arguments
-	policy    int32
-	idTTL     int64 // µs
+	conv      int32  // Options.OnLimitChange
+	idTTL     int64  // µs
 	now       func() time.Time
 	batch     int32
 	pause     float64 // the SweepPauseRatio; 0: none
 
+	// ready is set once the schema was found to be of SchemaVersion or
+	// later (checkSchema).
+	ready atomic.Bool
+
 	sweptBuckets, sweptIDs, sweepErrors     atomic.Uint64
 	lastSweepErr                            atomic.Pointer[error]
 	lockWaits, lockWaitMicros, lockTimeouts atomic.Uint64
+	conversions                             atomic.Uint64
 
 	cancelSweeper context.CancelFunc
 	done          chan struct{}
 	closeOnce     sync.Once
 }
 
-var _ sluice.Store = (*Store)(nil)
+var (
+	_ sluice.Store        = (*Store)(nil)
+	_ sluice.LimitChecker = (*Store)(nil)
+)
 
 // New returns a Store of the tables named by o in the database of pool, and
 // starts its sweeper unless o.SweepInterval is negative. It does no I/O: the
-// tables need not exist yet (run Migrate), and the database may be down.
-// The sweeper's statements carry ctx's values but not its cancellation or
-// deadline: Close stops them. The pool stays the caller's: Close does
-// not close it. Errors wrap ErrInvalidOptions.
+// tables need not exist yet (run Migrate), and the database may be down;
+// the first Take, Peek or Sweep checks the schema's version. The sweeper's
+// statements carry ctx's values but not its cancellation or deadline: Close
+// stops them. The pool stays the caller's: Close does not close it. Errors
+// wrap sluice.ErrInvalidOption and name the option.
 func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidOptions)
+		return nil, fmt.Errorf("%w: pool is nil", sluice.ErrInvalidOption)
 	}
 	if o.Schema == "" {
 		o.Schema = DefaultSchema
@@ -187,35 +204,45 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 	if o.Table == "" {
 		o.Table = DefaultTable
 	}
-	if err := checkName("schema", o.Schema, MaxSchemaLen); err != nil {
+	if err := checkName("Schema", o.Schema, MaxSchemaLen); err != nil {
 		return nil, err
 	}
-	if err := checkName("table", o.Table, MaxTableLen); err != nil {
+	if err := checkName("Table", o.Table, MaxTableLen); err != nil {
 		return nil, err
 	}
-	switch o.OnLimitChange {
-	case sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens:
-	default:
-		return nil, fmt.Errorf("%w: OnLimitChange %v is not keep, scale or reset", ErrInvalidOptions, o.OnLimitChange)
+	if err := o.OnLimitChange.Validate(); err != nil {
+		return nil, fmt.Errorf("%w (Options.OnLimitChange)", err)
 	}
-	if o.RequestIDTTL <= 0 {
+	switch {
+	case o.RequestIDTTL < 0:
+		return nil, fmt.Errorf("%w: RequestIDTTL %v is negative; use a positive duration, or 0 for the default %v", sluice.ErrInvalidOption, o.RequestIDTTL, DefaultRequestIDTTL)
+	case o.RequestIDTTL == 0:
 		o.RequestIDTTL = DefaultRequestIDTTL
 	}
-	if o.StatementTimeout == 0 {
-		o.StatementTimeout = DefaultStatementTimeout
-	}
-	if o.LockTimeout == 0 {
-		o.LockTimeout = DefaultLockTimeout
+	for _, t := range []struct {
+		name string
+		d    *time.Duration
+		def  time.Duration
+	}{{"StatementTimeout", &o.StatementTimeout, DefaultStatementTimeout}, {"LockTimeout", &o.LockTimeout, DefaultLockTimeout}} {
+		switch {
+		case *t.d > MaxTimeout:
+			return nil, fmt.Errorf("%w: %s %v is longer than PostgreSQL allows (%v); use at most that, or a negative value for no timeout", sluice.ErrInvalidOption, t.name, *t.d, MaxTimeout)
+		case *t.d == 0:
+			*t.d = t.def
+		}
 	}
 	if o.SweepInterval == 0 {
 		o.SweepInterval = DefaultSweepInterval
 	}
-	if o.SweepBatch <= 0 {
+	switch {
+	case o.SweepBatch < 0 || o.SweepBatch > MaxSweepBatch:
+		return nil, fmt.Errorf("%w: SweepBatch %d is outside [1, %d] (0 for the default %d)", sluice.ErrInvalidOption, o.SweepBatch, MaxSweepBatch, DefaultSweepBatch)
+	case o.SweepBatch == 0:
 		o.SweepBatch = DefaultSweepBatch
 	}
 	switch r := o.SweepPauseRatio; {
 	case math.IsNaN(r) || math.IsInf(r, 1):
-		return nil, fmt.Errorf("%w: SweepPauseRatio %v is not a number of times a batch's duration", ErrInvalidOptions, r)
+		return nil, fmt.Errorf("%w: SweepPauseRatio %v is not a number of times a batch's duration; use a finite number, 0 for the default %v, or a negative one for no pause", sluice.ErrInvalidOption, r, DefaultSweepPauseRatio)
 	case r == 0:
 		o.SweepPauseRatio = DefaultSweepPauseRatio
 	case r < 0:
@@ -227,14 +254,14 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 		schema:    o.Schema,
 		names:     n,
 		migration: migrationSQL(n),
-		takeSQL: "SELECT o_status, o_allowed, o_remaining, o_retry_us, o_reset_us, o_cost, o_capacity, o_rate_tokens, o_period_us, o_lock_wait_us FROM " +
-			n.Take + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-		peekSQL:  "SELECT o_allowed, o_remaining, o_retry_us, o_reset_us FROM " + n.Peek + "($1, $2, $3, $4, $5, $6, $7, $8)",
+		takeSQL: "SELECT o_status, o_allowed, o_remaining, o_retry_us, o_reset_us, o_cost, o_capacity, o_rate_tokens, o_period_us, o_lock_wait_us, o_converted FROM " +
+			n.Take + "($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+		peekSQL:  "SELECT o_allowed, o_remaining, o_retry_us, o_reset_us FROM " + n.Peek + "($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10)",
 		sweepSQL: "SELECT o_buckets, o_request_ids FROM " + n.Sweep + "($1, $2)",
-		policy:   int32(o.OnLimitChange),
+		conv:     int32(o.OnLimitChange),
 		idTTL:    ceilMicros(o.RequestIDTTL),
 		now:      o.Now,
-		batch:    int32(min(o.SweepBatch, 1<<30)),
+		batch:    int32(o.SweepBatch),
 		pause:    o.SweepPauseRatio,
 		done:     make(chan struct{}),
 	}
@@ -286,21 +313,45 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// CheckLimit implements sluice.LimitChecker: the store decides every valid
+// limit whose period is a whole number of microseconds, its time unit, and
+// no other. (Within that bound the SQL is exact: quantities that may exceed
+// 64 bits are computed in numeric.) The error wraps sluice.ErrInvalidLimit.
+func (s *Store) CheckLimit(l sluice.Limit) error {
+	_, err := plan(l)
+	return err
+}
+
+// plan returns the Plan of l at the store's tick of 1µs.
+func plan(l sluice.Limit) (bucket.Plan, error) {
+	if err := l.Validate(); err != nil {
+		return bucket.Plan{}, err
+	}
+	if l.Rate.Period%time.Microsecond != 0 {
+		return bucket.Plan{}, fmt.Errorf("%w: period %v is not a whole number of microseconds (the PostgreSQL store's time unit)", sluice.ErrInvalidLimit, l.Rate.Period)
+	}
+	return bucket.NewPlan(l, time.Microsecond)
+}
+
 // Take implements sluice.Store. It validates r (errors wrap the sluice
-// sentinels; a limit whose period is not a whole number of microseconds is
-// sluice.ErrInvalidLimit), then makes the decision in one statement. A
-// request ID remembered with another cost or limit is
-// sluice.ErrRequestIDConflict. A database that cannot decide is an error
-// wrapping ErrUnavailable, never a denial.
+// sentinels; a limit that CheckLimit refuses is sluice.ErrInvalidLimit),
+// then makes the decision in one statement. A request ID remembered with
+// another cost or limit is sluice.ErrRequestIDConflict. A database that
+// cannot decide is an error wrapping sluice.ErrUnavailable, and a schema
+// that is missing or older than SchemaVersion one wrapping
+// sluice.ErrMisconfigured; neither is ever a denial.
 func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
 	if err := r.Validate(); err != nil {
 		return sluice.Decision{}, err
 	}
-	p, err := bucket.NewPlan(r.Limit, time.Microsecond)
+	p, err := plan(r.Limit)
 	if err != nil {
 		return sluice.Decision{}, err
 	}
 	if err := ctx.Err(); err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := s.checkSchema(ctx, "take"); err != nil {
 		return sluice.Decision{}, err
 	}
 	var id []byte
@@ -309,30 +360,33 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	}
 	var (
 		status                                 int32
-		allowed                                bool
+		allowed, converted                     bool
 		remaining, retry, reset                int64
 		idCost, idCapacity, idTokens, idPeriod int64
 		lockWait                               int64 // µs
 	)
 	err = s.queryRow(ctx, s.takeSQL,
-		[]any{&status, &allowed, &remaining, &retry, &reset, &idCost, &idCapacity, &idTokens, &idPeriod, &lockWait},
-		[]byte(r.Key), r.Cost,
+		[]any{&status, &allowed, &remaining, &retry, &reset, &idCost, &idCapacity, &idTokens, &idPeriod, &lockWait, &converted},
+		r.Policy, []byte(r.Key), r.Cost,
 		r.Limit.Capacity, r.Limit.Rate.Tokens, int64(r.Limit.Rate.Period/time.Microsecond), int64(p.RefillUnits()), int64(p.Scale()),
-		s.policy, id, s.idTTL, s.nowMicros())
+		s.conv, id, s.idTTL, s.nowMicros())
 	if err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available
 			s.lockTimeouts.Add(1)
 		}
-		return sluice.Decision{}, s.unavailable("take", err)
+		return sluice.Decision{}, s.dbError("take", err)
 	}
 	if lockWait > 0 {
 		s.lockWaits.Add(1)
 		s.lockWaitMicros.Add(uint64(lockWait))
 	}
+	if converted {
+		s.conversions.Add(1)
+	}
 	if status == statusConflict {
 		first := sluice.Limit{Capacity: idCapacity, Rate: sluice.Rate{Tokens: idTokens, Period: time.Duration(idPeriod) * time.Microsecond}}
-		return sluice.Decision{}, fmt.Errorf("%w: request ID %q for this key was first used with cost %d and limit %v, now cost %d and limit %v",
+		return sluice.Decision{}, fmt.Errorf("%w: request ID %q for this policy and key was first used with cost %d and limit %v, now cost %d and limit %v",
 			sluice.ErrRequestIDConflict, r.RequestID, idCost, first, r.Cost, r.Limit)
 	}
 	// A replay has the request's cost and limit: the conflict check above
@@ -354,30 +408,35 @@ const (
 	statusConflict = 2
 )
 
-// Peek implements sluice.Store: the bucket of key as a take of cost 1 under
-// l would see it, converted if it was last decided under another limit. It
-// locks, writes and creates nothing. Errors are those of Take.
+// Peek implements sluice.Store: whether a take of r.Cost from the bucket of
+// (r.Policy, r.Key) under r.Limit would succeed now, and when, converted if
+// the bucket was last decided under another limit. It locks, writes and
+// creates nothing. r is checked with ValidatePeek (no request ID); errors
+// are otherwise those of Take.
 func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
 	if err := r.ValidatePeek(); err != nil {
 		return sluice.Decision{}, err
 	}
-	key, l := r.Key, r.Limit
-	p, err := bucket.NewPlan(l, time.Microsecond)
+	p, err := plan(r.Limit)
 	if err != nil {
 		return sluice.Decision{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		return sluice.Decision{}, err
 	}
+	if err := s.checkSchema(ctx, "peek"); err != nil {
+		return sluice.Decision{}, err
+	}
+	l := r.Limit
 	var (
 		allowed                 bool
 		remaining, retry, reset int64
 	)
 	err = s.queryRow(ctx, s.peekSQL, []any{&allowed, &remaining, &retry, &reset},
-		[]byte(key), l.Capacity, l.Rate.Tokens, int64(l.Rate.Period/time.Microsecond), int64(p.RefillUnits()), int64(p.Scale()),
-		s.policy, s.nowMicros())
+		r.Policy, []byte(r.Key), r.Cost, l.Capacity, l.Rate.Tokens, int64(l.Rate.Period/time.Microsecond), int64(p.RefillUnits()), int64(p.Scale()),
+		s.conv, s.nowMicros())
 	if err != nil {
-		return sluice.Decision{}, s.unavailable("peek", err)
+		return sluice.Decision{}, s.dbError("peek", err)
 	}
 	return sluice.Decision{
 		Allowed:    allowed,
@@ -401,16 +460,6 @@ func (s *Store) queryRow(ctx context.Context, sql string, dst []any, args ...any
 	b.Queue(s.prelude, s.timeouts...)
 	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(dst...) })
 	return s.pool.SendBatch(ctx, b).Close()
-}
-
-// unavailable wraps a database error in ErrUnavailable, with a hint when the
-// schema is missing.
-func (s *Store) unavailable(op string, err error) error {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "42P01" || pe.Code == "3F000" || pe.Code == "42703") {
-		return fmt.Errorf("%w: %s: schema of %s is missing or older than version %d (run Migrate): %w", ErrUnavailable, op, s.names.Buckets, SchemaVersion, err)
-	}
-	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
 }
 
 // nowMicros returns the explicit time in µs since the Unix epoch, or nil

@@ -34,13 +34,14 @@ type tb interface {
 	Fatalf(format string, args ...any)
 }
 
-// readRow returns the row of key in table, and whether there is one.
+// readRow returns the row of (testPolicy, key) in table, and whether there
+// is one.
 func readRow(t tb, table, key string) (row, bool) {
 	t.Helper()
 	var r row
 	var fullAt *int64
 	err := testPool.QueryRow(context.Background(),
-		"SELECT tokens, frac, stamp, capacity, rate_tokens, period_us, full_at FROM "+qualified(table)+" WHERE key = $1", []byte(key)).
+		"SELECT tokens, frac, stamp, capacity, rate_tokens, period_us, full_at FROM "+qualified(table)+" WHERE policy = $1 AND key = $2", testPolicy, []byte(key)).
 		Scan(&r.Tokens, &r.Frac, &r.Stamp, &r.Capacity, &r.RateTokens, &r.PeriodMicros, &fullAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return row{}, false
@@ -81,6 +82,22 @@ func refTake(b *refBucket, now int64, cost int64, l sluice.Limit, policy sluice.
 	return b, d
 }
 
+// refPeek is the reference answer to a peek of cost at tick now on b (nil
+// for a missing bucket), which it does not change.
+func refPeek(b *refBucket, now int64, cost int64, l sluice.Limit, conv sluice.Conversion) sluice.Decision {
+	p, err := bucket.NewPlan(l, time.Microsecond)
+	if err != nil {
+		panic(err)
+	}
+	switch {
+	case b == nil:
+		return p.Peek(p.Full(now), now, cost)
+	case b.plan.Limit() != l:
+		return p.Peek(p.Convert(b.plan.Refill(b.state, now), &b.plan, conv), now, cost)
+	}
+	return b.plan.Peek(b.state, now, cost)
+}
+
 // rowOf is the row the store must hold for b.
 func rowOf(b *refBucket) row {
 	l := b.plan.Limit()
@@ -96,10 +113,11 @@ func rowOf(b *refBucket) row {
 func limitGen() *rapid.Generator[sluice.Limit] { return sluicetest.Limits(time.Microsecond) }
 
 // TestPlanDifferential drives one key of the store and bucket.Plan with the
-// same random takes, limit changes and clock moves (forwards by up to 100
-// years, and backwards), and requires after every take the same decision
-// and, in the table, exactly the Plan's state (tokens, frac, stamp), limit
-// and full_at (Plan.FullAt): the SQL is the Plan at a tick of 1µs.
+// same random takes, peeks, limit changes and clock moves (forwards by up
+// to 100 years, and backwards), and requires after every take the same
+// decision and, in the table, exactly the Plan's state (tokens, frac,
+// stamp), limit and full_at (Plan.FullAt), and for every peek the same
+// answer: the SQL is the Plan at a tick of 1µs.
 func TestPlanDifferential(t *testing.T) {
 	clock := sluicetest.NewClock(epoch)
 	stores := map[sluice.Conversion]*pgstore.Store{}
@@ -131,6 +149,17 @@ func TestPlanDifferential(t *testing.T) {
 			clock.Set(now)
 			l := rapid.SampledFrom(limits).Draw(rt, "limit")
 			cost := rapid.OneOf(rapid.Int64Range(1, min(l.Capacity, 5)), rapid.Int64Range(1, l.Capacity)).Draw(rt, "cost")
+			if rapid.IntRange(0, 3).Draw(rt, "peek (0)") == 0 {
+				want := refPeek(b, now.UnixMicro(), cost, l, policy)
+				got, err := s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: cost, Limit: l})
+				if err != nil {
+					rt.Fatalf("step %d: Peek(%q, %d, %v): %v", i, key, cost, l, err)
+				}
+				if diff := cmp.Diff(want, got); diff != "" {
+					rt.Fatalf("step %d: Peek(%q, %d, %v) = %+v, want %+v (Plan's) (-want +got):\n%s", i, key, cost, l, got, want, diff)
+				}
+				continue
+			}
 			var want sluice.Decision
 			b, want = refTake(b, now.UnixMicro(), cost, l, policy)
 			got, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: cost, Limit: l})

@@ -138,8 +138,8 @@ func TestServerRestart(t *testing.T) {
 	for _, r := range results {
 		switch {
 		case r.err != nil:
-			if !errors.Is(r.err, pgstore.ErrUnavailable) {
-				t.Fatalf("a take failed with %v, which does not wrap %v", r.err, pgstore.ErrUnavailable)
+			if !errors.Is(r.err, sluice.ErrUnavailable) {
+				t.Fatalf("a take failed with %v, which does not wrap %v", r.err, sluice.ErrUnavailable)
 			}
 			failed[r.key]++
 			lastErr = r.at

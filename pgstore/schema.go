@@ -8,11 +8,14 @@ import (
 	"text/template"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/sluicehq/sluice"
 )
 
 // SchemaVersion is the version of the embedded schema that Migrate applies.
-// It is recorded as a comment on both tables.
-const SchemaVersion = 2
+// It is recorded as a comment on the tables. Version 3 keys buckets and
+// request IDs by (policy, key) and adds the sweep floor; Migrate upgrades
+// versions 1 and 2 to it (docs/postgres.md).
+const SchemaVersion = 3
 
 // Bounds on the names in Options.
 const (
@@ -20,8 +23,8 @@ const (
 	// identifier limit).
 	MaxSchemaLen = 63
 	// MaxTableLen is the longest table name, in bytes: the names of the
-	// request-ID table, the indexes and the functions add a suffix of up
-	// to 20 bytes to it, within PostgreSQL's limit of 63.
+	// request-ID and floor tables, the indexes and the functions add a
+	// suffix of up to 20 bytes to it, within PostgreSQL's limit of 63.
 	MaxTableLen = 43
 )
 
@@ -36,10 +39,12 @@ type names struct {
 	Schema       string // quoted
 	Buckets      string // qualified and quoted
 	RequestIDs   string
+	Floor        string
 	FullAtIndex  string // quoted, not qualified (an index lives in its table's schema)
 	ExpiresIndex string
 	Clock        string
 	Wait         string
+	FullAt       string
 	Advance      string
 	Take         string
 	Peek         string
@@ -53,10 +58,12 @@ func newNames(schema, table string) names {
 		Schema:       pgx.Identifier{schema}.Sanitize(),
 		Buckets:      q(""),
 		RequestIDs:   q("_request_ids"),
+		Floor:        q("_floor"),
 		FullAtIndex:  pgx.Identifier{table + "_full_at_idx"}.Sanitize(),
 		ExpiresIndex: pgx.Identifier{table + "_request_ids_exp_idx"}.Sanitize(),
 		Clock:        q("_clock"),
 		Wait:         q("_wait"),
+		FullAt:       q("_full_at"),
 		Advance:      q("_advance"),
 		Take:         q("_take"),
 		Peek:         q("_peek"),
@@ -67,14 +74,14 @@ func newNames(schema, table string) names {
 // checkName reports whether name is a plain identifier: an ASCII letter or
 // underscore, then letters, digits or underscores, at most max bytes. Such a
 // name needs no escaping; it is quoted anyway, so its case is kept.
-func checkName(what, name string, max int) error {
+func checkName(option, name string, max int) error {
 	if name == "" || len(name) > max {
-		return fmt.Errorf("%w: %s name %q is not 1 to %d bytes", ErrInvalidOptions, what, name, max)
+		return fmt.Errorf("%w: %s %q is not 1 to %d bytes", sluice.ErrInvalidOption, option, name, max)
 	}
 	for i, c := range []byte(name) {
 		letter := c == '_' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
 		if !letter && (i == 0 || c < '0' || c > '9') {
-			return fmt.Errorf("%w: %s name %q is not an identifier (an ASCII letter or _, then letters, digits or _)", ErrInvalidOptions, what, name)
+			return fmt.Errorf("%w: %s %q is not a plain identifier (an ASCII letter or _, then letters, digits or _)", sluice.ErrInvalidOption, option, name)
 		}
 	}
 	return nil
@@ -93,13 +100,27 @@ func migrationSQL(n names) string {
 // functions, and replaces the functions with this version's. It is
 // idempotent and keeps every bucket and request ID; concurrent calls (from
 // several processes) are serialized by a transaction-scoped advisory lock.
-// It runs in one transaction: on error nothing is changed. New never
-// migrates; call Migrate once at deployment or start-up, with a role allowed
-// to create objects in Options.Schema.
+// It runs in one transaction: on error nothing is changed. It upgrades a
+// schema of version 1 or 2, keeping their rows under the policy ” for
+// processes of those versions (docs/postgres.md), and refuses a schema of
+// a later version than SchemaVersion with an error wrapping
+// sluice.ErrMisconfigured, changing nothing. New never migrates; call
+// Migrate once at deployment or start-up, with a role allowed to create
+// objects in Options.Schema.
 func (s *Store) Migrate(ctx context.Context) error {
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", "sluice.pgstore:"+s.names.Buckets); err != nil {
 			return err
+		}
+		var comment *string
+		if err := tx.QueryRow(ctx, "SELECT obj_description(to_regclass($1), 'pg_class')", s.names.Buckets).Scan(&comment); err != nil {
+			return err
+		}
+		if comment != nil {
+			if v := parseVersion(*comment); v > SchemaVersion {
+				return fmt.Errorf("%w: the schema is version %d, newer than this package's %d; run Migrate of that package instead",
+					sluice.ErrMisconfigured, v, SchemaVersion)
+			}
 		}
 		var exists bool
 		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", s.schema).Scan(&exists); err != nil {

@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -109,5 +110,127 @@ func TestReplayAfterSweep(t *testing.T) {
 	got, err = s.Take(ctx, r)
 	if want := (sluice.Decision{Allowed: true, Remaining: 0, ResetAfter: 5 * time.Second, Limit: l}); err != nil || got != want {
 		t.Fatalf("Take after the TTL = %+v, %v; want %+v (a new decision)", got, err, want)
+	}
+}
+
+// TestDenialNotRemembered: a request ID remembers only an allowed
+// decision. A denial took nothing, so its retry, even with another cost,
+// decides afresh; once a retry is allowed, that decision is the one
+// replayed.
+func TestDenialNotRemembered(t *testing.T) {
+	clock := sluicetest.NewClock(epoch)
+	s, table := newStoreTable(t, pgstore.Options{Now: clock.Now, RequestIDTTL: time.Hour})
+	ctx := context.Background()
+	l := sluice.Limit{Capacity: 5, Rate: sluice.PerSecond(1)}
+	if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 5, Limit: l}); err != nil {
+		t.Fatal(err)
+	}
+	r := sluice.Request{Policy: testPolicy, Key: "k", Cost: 3, Limit: l, RequestID: "charge-1"}
+	got, err := s.Take(ctx, r)
+	if want := (sluice.Decision{Remaining: 0, RetryAfter: 3 * time.Second, ResetAfter: 5 * time.Second, Limit: l}); err != nil || got != want {
+		t.Fatalf("Take(%+v) from an empty bucket = %+v, %v; want %+v", r, got, err, want)
+	}
+	if _, ids := readTables(t, table); len(ids) != 0 {
+		t.Fatalf("a denial left request ID records %+v", ids)
+	}
+	other := r
+	other.Cost = 2
+	got, err = s.Take(ctx, other)
+	if want := (sluice.Decision{Remaining: 0, RetryAfter: 2 * time.Second, ResetAfter: 5 * time.Second, Limit: l}); err != nil || got != want {
+		t.Fatalf("Take(%+v) after a denial of the same ID with cost 3 = %+v, %v; want %+v (a new decision, no conflict)", other, got, err, want)
+	}
+	clock.Set(epoch.Add(3 * time.Second))
+	first, err := s.Take(ctx, r)
+	if want := (sluice.Decision{Allowed: true, Remaining: 0, ResetAfter: 5 * time.Second, Limit: l}); err != nil || first != want {
+		t.Fatalf("retry of a denied Take(%+v) after 3s = %+v, %v; want %+v (decided afresh)", r, first, err, want)
+	}
+	clock.Set(epoch.Add(10 * time.Second))
+	if got, err := s.Take(ctx, r); err != nil || got != replayed(first) {
+		t.Fatalf("retry of an allowed Take(%+v) = %+v, %v; want %+v", r, got, err, replayed(first))
+	}
+}
+
+// TestWaitsFromNow: after the clock steps back behind a bucket's stamp,
+// RetryAfter and ResetAfter of Take and Peek are measured from the
+// caller's now, so they include the time from now to the stamp; a wait
+// that is zero stays zero.
+func TestWaitsFromNow(t *testing.T) {
+	clock := sluicetest.NewClock(epoch)
+	s := newStore(t, pgstore.Options{Now: clock.Now})
+	ctx := context.Background()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
+	at := func(d time.Duration) { clock.Set(epoch.Add(d)) }
+	req := func(cost int64) sluice.Request {
+		return sluice.Request{Policy: testPolicy, Key: "k", Cost: cost, Limit: l}
+	}
+	steps := []struct {
+		at   time.Duration
+		peek bool
+		cost int64
+		want sluice.Decision
+	}{
+		{0, false, 10, sluice.Decision{Allowed: true, Remaining: 0, ResetAfter: 10 * time.Second, Limit: l}},
+		// 5s behind the stamp: the waits from the stamp, plus 5s.
+		{-5 * time.Second, false, 1, sluice.Decision{Remaining: 0, RetryAfter: 6 * time.Second, ResetAfter: 15 * time.Second, Limit: l}},
+		{-5 * time.Second, true, 3, sluice.Decision{Remaining: 0, RetryAfter: 8 * time.Second, ResetAfter: 15 * time.Second, Limit: l}},
+		{10 * time.Second, false, 1, sluice.Decision{Allowed: true, Remaining: 9, ResetAfter: time.Second, Limit: l}},
+		// The level covers the cost: no wait, however far behind.
+		{5 * time.Second, true, 9, sluice.Decision{Allowed: true, Remaining: 9, ResetAfter: 6 * time.Second, Limit: l}},
+		{5 * time.Second, true, 10, sluice.Decision{Remaining: 9, RetryAfter: 6 * time.Second, ResetAfter: 6 * time.Second, Limit: l}},
+		{5 * time.Second, false, 1, sluice.Decision{Allowed: true, Remaining: 8, ResetAfter: 7 * time.Second, Limit: l}},
+		{10 * time.Second, false, 1, sluice.Decision{Allowed: true, Remaining: 7, ResetAfter: 3 * time.Second, Limit: l}},
+	}
+	for i, st := range steps {
+		at(st.at)
+		var got sluice.Decision
+		var err error
+		op := "Take"
+		if st.peek {
+			op = "Peek"
+			got, err = s.Peek(ctx, req(st.cost))
+		} else {
+			got, err = s.Take(ctx, req(st.cost))
+		}
+		if err != nil || got != st.want {
+			t.Fatalf("step %d: %s(cost %d) at %v = %+v, %v; want %+v", i, op, st.cost, st.at, got, err, st.want)
+		}
+	}
+}
+
+// TestPeekCost: Peek answers for its request's cost, and is refused a
+// cost outside [1, capacity] and a request ID before the database is
+// asked.
+func TestPeekCost(t *testing.T) {
+	clock := sluicetest.NewClock(epoch)
+	s := newStore(t, pgstore.Options{Now: clock.Now})
+	ctx := context.Background()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(2)}
+	if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 7, Limit: l}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		cost int64
+		want sluice.Decision
+	}{
+		{3, sluice.Decision{Allowed: true, Remaining: 3, ResetAfter: 3500 * time.Millisecond, Limit: l}},
+		{4, sluice.Decision{Remaining: 3, RetryAfter: 500 * time.Millisecond, ResetAfter: 3500 * time.Millisecond, Limit: l}},
+		{10, sluice.Decision{Remaining: 3, RetryAfter: 3500 * time.Millisecond, ResetAfter: 3500 * time.Millisecond, Limit: l}},
+	} {
+		r := sluice.Request{Policy: testPolicy, Key: "k", Cost: tt.cost, Limit: l}
+		if got, err := s.Peek(ctx, r); err != nil || got != tt.want {
+			t.Errorf("Peek(cost %d) with 3 tokens = %+v, %v; want %+v", tt.cost, got, err, tt.want)
+		}
+	}
+	for _, tt := range []struct {
+		r    sluice.Request
+		want error
+	}{
+		{sluice.Request{Policy: testPolicy, Key: "k", Cost: 11, Limit: l}, sluice.ErrInvalidCost},
+		{sluice.Request{Policy: testPolicy, Key: "k", Cost: 0, Limit: l}, sluice.ErrInvalidCost},
+		{sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l, RequestID: "r"}, sluice.ErrInvalidRequestID},
+	} {
+		if _, err := s.Peek(ctx, tt.r); !errors.Is(err, tt.want) {
+			t.Errorf("Peek(%+v) = %v; want %v", tt.r, err, tt.want)
+		}
 	}
 }

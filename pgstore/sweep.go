@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/sluicehq/sluice"
 )
 
 // Swept counts what one Sweep deleted.
@@ -14,8 +16,9 @@ type Swept struct {
 	RequestIDs int64
 }
 
-// Stats are counters of a Store since New: what its sweeps deleted, and
-// how its decisions (Take) waited for bucket row locks.
+// Stats are counters of a Store since New: what its sweeps deleted, how
+// its decisions (Take) waited for bucket row locks, and how many of them
+// converted a bucket to another limit.
 type Stats struct {
 	// SweptBuckets is the number of full buckets deleted.
 	SweptBuckets uint64
@@ -38,9 +41,16 @@ type Stats struct {
 	LockWaits uint64
 	// LockTimeouts is the number of decisions that failed because the lock
 	// timeout (Options.LockTimeout, SQLSTATE 55P03) expired; each returned
-	// an error wrapping ErrUnavailable. Each of them waited about
+	// an error wrapping sluice.ErrUnavailable. Each of them waited about
 	// LockTimeout, which LockWaitSeconds does not include.
 	LockTimeouts uint64
+	// Conversions is the number of takes (not replays, not peeks) that
+	// found their bucket stored under another limit than the request's and
+	// converted it (Options.OnLimitChange): requests of one policy
+	// arriving with different limits, as when processes disagree on a
+	// policy's limit, or while a changed limit rolls out. A bucket swept
+	// since its last decision is new again and not counted.
+	Conversions uint64
 }
 
 // Stats returns the store's counters. It is safe to call concurrently.
@@ -52,6 +62,7 @@ func (s *Store) Stats() Stats {
 		LockWaitSeconds: float64(s.lockWaitMicros.Load()) / 1e6,
 		LockWaits:       s.lockWaits.Load(),
 		LockTimeouts:    s.lockTimeouts.Load(),
+		Conversions:     s.conversions.Load(),
 	}
 	if p := s.lastSweepErr.Load(); p != nil {
 		st.LastSweepError = *p
@@ -64,18 +75,26 @@ func (s *Store) Stats() Stats {
 // statements of at most Options.SweepBatch rows of each table, until a
 // statement finds fewer. After each full batch it pauses as
 // Options.SweepPauseRatio says. Deleting a full bucket changes no decision:
-// a missing bucket starts full. Rows locked by decisions in progress are
-// left for the next sweep. The background sweeper calls Sweep every
-// Options.SweepInterval; call it directly when that is disabled. It returns
-// what it deleted, also on error (which wraps ErrUnavailable); ctx ending
-// during a pause is such an error.
+// a missing bucket starts full, and each statement raises the store's
+// floor to its time, so that no bucket is created again with an earlier
+// stamp (a take whose time was read before the sweep makes the bucket at
+// the sweep's time, when it was full, not at its own, when it may not have
+// been). Rows locked by decisions in progress are left for the next sweep.
+// The background sweeper calls Sweep every Options.SweepInterval; call it
+// directly when that is disabled. It returns what it deleted, also on
+// error, which wraps sluice.ErrUnavailable (ctx ending during a pause is
+// such an error) or sluice.ErrMisconfigured (the schema is missing or
+// older than SchemaVersion).
 func (s *Store) Sweep(ctx context.Context) (Swept, error) {
 	var total Swept
+	if err := s.checkSchema(ctx, "sweep"); err != nil {
+		return total, err
+	}
 	for {
 		var b, ids int64
 		start := time.Now()
 		if err := s.pool.QueryRow(ctx, s.sweepSQL, s.nowMicros(), s.batch).Scan(&b, &ids); err != nil {
-			return total, s.unavailable("sweep", err)
+			return total, s.dbError("sweep", err)
 		}
 		took := time.Since(start)
 		total.Buckets += b
@@ -86,7 +105,7 @@ func (s *Store) Sweep(ctx context.Context) (Swept, error) {
 			return total, nil
 		}
 		if err := s.pauseAfter(ctx, took); err != nil {
-			return total, fmt.Errorf("%w: sweep: %w", ErrUnavailable, err)
+			return total, fmt.Errorf("%w: sweep: %w", sluice.ErrUnavailable, err)
 		}
 	}
 }

@@ -155,8 +155,8 @@ func sweepRound(b *testing.B, pool *pgxpool.Pool, keys, decisions int, sweeping 
 	}
 	shift.Store(0)
 	t := qualified(table)
-	if _, err := pool.Exec(ctx, "INSERT INTO "+t+" (key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at) "+
-		"SELECT convert_to('fill' || i, 'UTF8'), tokens, frac, stamp, capacity, rate_tokens, period_us, full_at "+
+	if _, err := pool.Exec(ctx, "INSERT INTO "+t+" (policy, key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at) "+
+		"SELECT policy, convert_to('fill' || i, 'UTF8'), tokens, frac, stamp, capacity, rate_tokens, period_us, full_at "+
 		"FROM "+t+", generate_series(1, $1) AS i WHERE key = convert_to('template', 'UTF8')", sweepBenchRows); err != nil {
 		b.Fatal(err)
 	}

@@ -27,10 +27,17 @@ type idRow struct {
 }
 
 // readTables returns every bucket row of table by key, and every request ID
-// row.
+// row, all of which must be of testPolicy.
 func readTables(t tb, table string) (map[string]row, []idRow) {
 	t.Helper()
 	ctx := context.Background()
+	var others int
+	if err := testPool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+qualified(table)+" WHERE policy <> $1) + (SELECT count(*) FROM "+qualified(table+"_request_ids")+" WHERE policy <> $1)", testPolicy).Scan(&others); err != nil {
+		t.Fatalf("reading %s: %v", table, err)
+	}
+	if others != 0 {
+		t.Fatalf("%s holds %d rows of other policies than %q", table, others, testPolicy)
+	}
 	rows, err := testPool.Query(ctx, "SELECT key, tokens, frac, stamp, capacity, rate_tokens, period_us, coalesce(full_at, 9223372036854775807) FROM "+qualified(table))
 	if err != nil {
 		t.Fatalf("reading %s: %v", table, err)
@@ -117,7 +124,9 @@ func TestSweepRemovesFullBucketsOnly(t *testing.T) {
 		policy := rapid.SampledFrom([]sluice.Conversion{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "policy")
 		p := pairs[policy]
 		for _, table := range []string{p.sweptTable, p.keptTable} {
-			if _, err := testPool.Exec(ctx, "DELETE FROM "+qualified(table)+"; DELETE FROM "+qualified(table+"_request_ids")); err != nil {
+			// Empty tables, and no sweep yet (the floor at its start).
+			if _, err := testPool.Exec(ctx, "DELETE FROM "+qualified(table)+"; DELETE FROM "+qualified(table+"_request_ids")+
+				"; UPDATE "+qualified(table+"_floor")+" SET floor_us = -9223372036854775808"); err != nil {
 				rt.Fatal(err)
 			}
 		}
@@ -295,26 +304,29 @@ func TestSweepPause(t *testing.T) {
 	paced, table := newStoreTable(t, o)
 	ctx := context.Background()
 	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)}
-	fill := func(n int) {
+	// fill makes n buckets that are empty at at and full a second later,
+	// and moves the clock there. (A bucket is never made earlier than the
+	// last sweep's time.)
+	fill := func(n int, at time.Time) {
 		t.Helper()
-		clock.Set(epoch)
+		clock.Set(at)
 		for i := range n {
 			if _, err := paced.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k" + strconv.Itoa(i), Cost: 10, Limit: l}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		clock.Set(epoch.Add(time.Second)) // all full
+		clock.Set(at.Add(time.Second)) // all full
 	}
-	fill(6)
+	fill(6, epoch)
 	const deadline = 2 * time.Second
 	dctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	start := time.Now()
 	swept, err := paced.Sweep(dctx)
 	elapsed := time.Since(start)
-	if !errors.Is(err, pgstore.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || swept.Buckets != 2 {
+	if !errors.Is(err, sluice.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || swept.Buckets != 2 {
 		t.Fatalf("Sweep with a pause ratio of 1e9 and a %v deadline = %+v, %v after %v; want 2 buckets (one batch) and %v wrapping %v",
-			deadline, swept, err, elapsed, pgstore.ErrUnavailable, context.DeadlineExceeded)
+			deadline, swept, err, elapsed, sluice.ErrUnavailable, context.DeadlineExceeded)
 	}
 	if elapsed > deadline+5*time.Second {
 		t.Errorf("Sweep returned %v after its deadline of %v", elapsed, deadline)
@@ -331,7 +343,7 @@ func TestSweepPause(t *testing.T) {
 	}
 
 	// The background sweeper, paused after its first batch, stops at Close.
-	fill(6)
+	fill(6, epoch.Add(time.Second))
 	o.SweepPauseRatio, o.SweepInterval = 1e9, time.Millisecond
 	background, err := pgstore.New(ctx, testPool, o)
 	if err != nil {
@@ -389,5 +401,77 @@ func TestSweepSessionSettings(t *testing.T) {
 	}
 	if sc != "on" {
 		t.Fatalf("after a sweep, the pooled session has synchronous_commit %q; want its own \"on\"", sc)
+	}
+}
+
+// TestSweepMintsNoTokens: a take that read its time before it waited for
+// its bucket's row lock, held by a sweep that then deleted the bucket
+// (full by the sweep's later time), must not recreate the bucket full at
+// its own earlier time, when it was not full: that would mint the tokens
+// that refilled in between. The take creates the bucket no earlier than
+// the sweep's time, so a later take whose clock still reads before that
+// time finds what is left.
+func TestSweepMintsNoTokens(t *testing.T) {
+	clock := sluicetest.NewClock(epoch)
+	s, table := newStoreTable(t, pgstore.Options{Now: clock.Now, StatementTimeout: time.Minute, LockTimeout: time.Minute})
+	ctx := context.Background()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)} // full 1s after it is emptied
+	at := func(d time.Duration) { clock.Set(epoch.Add(d)) }
+	take := func(cost int64) (sluice.Decision, error) {
+		return s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: cost, Limit: l})
+	}
+	if d, err := take(10); err != nil || !d.Allowed {
+		t.Fatalf("Take(10) = %+v, %v", d, err)
+	}
+
+	// A sweep at +2s, in a transaction held open: it has deleted the full
+	// bucket but not committed.
+	tx, err := testPool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var swept int64
+	sweepAt := epoch.Add(2 * time.Second).UnixMicro()
+	if err := tx.QueryRow(ctx, "SELECT o_buckets FROM "+qualified(table+"_sweep")+"($1, 1000)", sweepAt).Scan(&swept); err != nil || swept != 1 {
+		t.Fatalf("the sweep at +2s deleted %d buckets, %v; want 1", swept, err)
+	}
+	// A take whose clock reads +0.5s, when the bucket held 5 tokens, waits
+	// for the sweep's lock.
+	at(500 * time.Millisecond)
+	type result struct {
+		d   sluice.Decision
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		d, err := take(10)
+		done <- result{d, err}
+	}()
+	waitForLockWait(t, table)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.err != nil || !res.d.Allowed {
+		t.Fatalf("Take(10) at +0.5s after waiting for a sweep at +2s = %+v, %v; want allowed", res.d, res.err)
+	}
+	// At +1.5s (a clock still behind the sweep's), nothing has refilled
+	// since the bucket was made at +2s. Up to +2s, 20 tokens refilled or
+	// were there, and 20 were taken; a bucket made full at +0.5s instead
+	// would have refilled 10 more by +1.5s, tokens that never existed.
+	at(1500 * time.Millisecond)
+	denied := sluice.Decision{Remaining: 0, RetryAfter: 1500 * time.Millisecond, ResetAfter: 1500 * time.Millisecond, Limit: l}
+	if d, err := take(10); err != nil || d != denied {
+		t.Errorf("Take(10) at +1.5s = %+v, %v; want %+v (nothing refilled since the bucket was made at +2s)", d, err, denied)
+	}
+	// The racing take's ResetAfter runs from its +0.5s through +2s, and
+	// one second more.
+	if want := (sluice.Decision{Allowed: true, Remaining: 0, ResetAfter: 2500 * time.Millisecond, Limit: l}); res.d != want {
+		t.Errorf("Take(10) at +0.5s after waiting for a sweep at +2s = %+v; want %+v (the bucket made at +2s)", res.d, want)
+	}
+	at(3 * time.Second)
+	if d, err := take(10); err != nil || !d.Allowed {
+		t.Fatalf("Take(10) at +3s = %+v, %v; want allowed (full again 1s after +2s)", d, err)
 	}
 }

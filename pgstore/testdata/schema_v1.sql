@@ -1,5 +1,5 @@
 -- Schema version 1 of pgstore/schema.sql, as of commit dcf32ea, kept for
--- TestMigrateFromVersion1: Migrate must upgrade a schema made by it.
+-- TestMigrateFrom: Migrate must upgrade a schema made by it.
 --
 -- The schema of the sluice PostgreSQL store (pgstore), applied by
 -- (*Store).Migrate in one transaction, with the quoted names of the tables,

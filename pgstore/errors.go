@@ -1,0 +1,92 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/sluicehq/sluice"
+)
+
+// dbError classifies err, the failure of a store statement, for the
+// caller. A database that answered that the store's schema, tables or
+// functions are missing (SQLSTATE 3F000, 42P01, 42883, 42703), that the
+// role lacks a privilege on them (42501), or that the session is not at
+// READ COMMITTED (the take function's own check) is not set up for the
+// store: that is a deployment mistake, which a retry does not cure, and the
+// error wraps sluice.ErrMisconfigured and says what to do. Anything else
+// (no connection, a broken one, a statement or lock timeout, an
+// administrator's shutdown, a read-only server, the context ending) is the
+// database not deciding for the moment: the error wraps
+// sluice.ErrUnavailable. Both wrap err too.
+func (s *Store) dbError(op string, err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch {
+		case pe.Code == "3F000" || pe.Code == "42P01" || pe.Code == "42883" || pe.Code == "42703":
+			s.ready.Store(false)
+			return fmt.Errorf("%w: %s: the schema of %s is missing or older than version %d (run Migrate): %w",
+				sluice.ErrMisconfigured, op, s.names.Buckets, SchemaVersion, err)
+		case pe.Code == "42501":
+			return fmt.Errorf("%w: %s: the database role lacks a privilege on the store's schema, tables or functions (grant it USAGE on the schema, EXECUTE on the functions and SELECT, INSERT, UPDATE, DELETE on the tables of %s): %w",
+				sluice.ErrMisconfigured, op, s.names.Buckets, err)
+		case pe.Code == "25000" && strings.HasPrefix(pe.Message, "sluice pgstore:"):
+			return fmt.Errorf("%w: %s: %w", sluice.ErrMisconfigured, op, err)
+		}
+	}
+	return fmt.Errorf("%w: %s: %w", sluice.ErrUnavailable, op, err)
+}
+
+// checkSchema returns nil once the store's schema has been found to be of
+// SchemaVersion or later: the first call of each store reads the version
+// recorded on the bucket table (one round trip), later ones only a flag.
+// A missing table or an older version is an error wrapping
+// sluice.ErrMisconfigured that says to run Migrate. A newer version is
+// accepted: a newer package's Migrate keeps or replaces this version's
+// functions, and a call of a function it dropped is a misconfiguration too.
+func (s *Store) checkSchema(ctx context.Context, op string) error {
+	if s.ready.Load() {
+		return nil
+	}
+	v, exists, err := s.schemaVersion(ctx)
+	if err != nil {
+		return s.dbError(op, err)
+	}
+	switch {
+	case !exists:
+		return fmt.Errorf("%w: %s: there is no table %s (run Migrate to create the schema, version %d)", sluice.ErrMisconfigured, op, s.names.Buckets, SchemaVersion)
+	case v < SchemaVersion:
+		return fmt.Errorf("%w: %s: the schema of %s is version %d, older than this package's %d (run Migrate)", sluice.ErrMisconfigured, op, s.names.Buckets, v, SchemaVersion)
+	}
+	s.ready.Store(true)
+	return nil
+}
+
+// schemaVersion reads the schema version recorded in the comment on the
+// bucket table; 0 if it has none. exists is false if there is no table.
+func (s *Store) schemaVersion(ctx context.Context) (version int, exists bool, err error) {
+	var comment *string
+	err = s.queryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, obj_description(to_regclass($1), 'pg_class')",
+		[]any{&exists, &comment}, s.names.Buckets)
+	if err != nil || !exists || comment == nil {
+		return 0, exists, err
+	}
+	return parseVersion(*comment), true, nil
+}
+
+// parseVersion returns the N of a comment ending in "schema version N", or 0.
+func parseVersion(comment string) int {
+	const marker = "schema version "
+	i := strings.LastIndex(comment, marker)
+	if i < 0 {
+		return 0
+	}
+	v, err := strconv.Atoi(comment[i+len(marker):])
+	if err != nil || v < 0 {
+		return 0
+	}
+	return v
+}
