@@ -117,7 +117,7 @@ func newStore(tb testing.TB, table, sync string) *pgstore.Store {
 // TestTake is a smoke test: one decision, allowed, in a fresh table.
 func TestTake(t *testing.T) {
 	s := newStore(t, "smoke", "on")
-	d, err := s.Take(context.Background(), sluice.Request{Key: "k", Cost: 1, Limit: sluice.Limit{Capacity: 2, Rate: sluice.PerSecond(1)}})
+	d, err := s.Take(context.Background(), sluice.Request{Policy: "bench", Key: "k", Cost: 1, Limit: sluice.Limit{Capacity: 2, Rate: sluice.PerSecond(1)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func BenchmarkTake(b *testing.B) {
 						ctx := context.Background()
 						for pb.Next() {
 							k := n.Add(1) % int64(keys)
-							if _, err := s.Take(ctx, sluice.Request{Key: "key" + strconv.FormatInt(k, 10), Cost: 1, Limit: l}); err != nil {
+							if _, err := s.Take(ctx, sluice.Request{Policy: "bench", Key: "key" + strconv.FormatInt(k, 10), Cost: 1, Limit: l}); err != nil {
 								b.Error(err)
 								return
 							}

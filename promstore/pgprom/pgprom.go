@@ -40,7 +40,7 @@ import (
 //     for a bucket's row lock, then decided.
 //   - <ns>_pgstore_lock_timeouts_total: counter of the decisions that
 //     gave up at pgstore.Options.LockTimeout; each returned an error
-//     wrapping pgstore.ErrUnavailable, and its wait is not in
+//     wrapping sluice.ErrUnavailable, and its wait is not in
 //     lock_wait_seconds_total.
 //
 // <ns> is o.Namespace (default promstore.DefaultNamespace, "sluice"), and

@@ -88,7 +88,7 @@ func newPgstore(t *testing.T, o pgstore.Options) (*pgstore.Store, *pgxpool.Pool,
 func lockRow(t *testing.T, s *pgstore.Store, pool *pgxpool.Pool, o pgstore.Options, key string) pgx.Tx {
 	t.Helper()
 	ctx := t.Context()
-	if _, err := s.Take(ctx, sluice.Request{Key: key, Cost: 1, Limit: limit}); err != nil {
+	if _, err := s.Take(ctx, sluice.Request{Policy: "api", Key: key, Cost: 1, Limit: limit}); err != nil {
 		t.Fatal(err)
 	}
 	tx, err := pool.Begin(ctx)
@@ -155,10 +155,10 @@ func TestSweep(t *testing.T) {
 	}
 	ctx := t.Context()
 	for _, r := range []sluice.Request{
-		{Key: "a", Cost: 1, Limit: limit},
-		{Key: "b", Cost: 1, Limit: limit, RequestID: "r1"},
-		{Key: "b", Cost: 1, Limit: limit, RequestID: "r2"},
-		{Key: "c", Cost: 3, Limit: limit},
+		{Policy: "api", Key: "a", Cost: 1, Limit: limit},
+		{Policy: "api", Key: "b", Cost: 1, Limit: limit, RequestID: "r1"},
+		{Policy: "api", Key: "b", Cost: 1, Limit: limit, RequestID: "r2"},
+		{Policy: "api", Key: "c", Cost: 3, Limit: limit},
 	} {
 		if _, err := ps.Take(ctx, r); err != nil {
 			t.Fatalf("Take(%+v): %v", r, err)
@@ -202,11 +202,11 @@ func TestLocks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	take := sluice.Request{Key: "k", Cost: 1, Limit: limit}
+	take := sluice.Request{Policy: "api", Key: "k", Cost: 1, Limit: limit}
 	tx := lockRow(t, patient, pool, o, take.Key)
 
-	if _, err := impatient.Take(ctx, take); !errors.Is(err, pgstore.ErrUnavailable) {
-		t.Fatalf("Take on a locked row with a 50ms lock timeout: %v, want an error wrapping %v", err, pgstore.ErrUnavailable)
+	if _, err := impatient.Take(ctx, take); !errors.Is(err, sluice.ErrUnavailable) {
+		t.Fatalf("Take on a locked row with a 50ms lock timeout: %v, want an error wrapping %v", err, sluice.ErrUnavailable)
 	}
 
 	start := time.Now()
@@ -261,7 +261,7 @@ func TestLocks(t *testing.T) {
 // TestTimeoutKind: a take on a row locked by another transaction fails at
 // the lock timeout (SQLSTATE 55P03) or, with none, at the statement timeout
 // (57014); promstore.New counts either as an error of kind "timeout",
-// although pgstore wraps it in ErrUnavailable.
+// although pgstore wraps it in sluice.ErrUnavailable.
 func TestTimeoutKind(t *testing.T) {
 	for _, tt := range []struct {
 		name            string
@@ -281,12 +281,12 @@ func TestTimeoutKind(t *testing.T) {
 			if err := pgprom.Register(reg, promstore.Options{}, ps.Stats); err != nil {
 				t.Fatal(err)
 			}
-			take := sluice.Request{Key: "k", Cost: 1, Limit: limit}
+			take := sluice.Request{Policy: "api", Key: "k", Cost: 1, Limit: limit}
 			lockRow(t, ps, pool, o, take.Key)
 
 			_, err = s.Take(t.Context(), take)
-			if !errors.Is(err, pgstore.ErrUnavailable) {
-				t.Fatalf("Take on a locked row = %v, want an error wrapping %v", err, pgstore.ErrUnavailable)
+			if !errors.Is(err, sluice.ErrUnavailable) {
+				t.Fatalf("Take on a locked row = %v, want an error wrapping %v", err, sluice.ErrUnavailable)
 			}
 			if got := promstore.Kind(err); got != promstore.KindTimeout {
 				t.Errorf("Kind(%v) = %q, want %q", err, got, promstore.KindTimeout)
