@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/guard"
 	"github.com/sluicehq/sluice/pgstore"
 )
 
@@ -357,4 +358,38 @@ func TestUnavailableCauses(t *testing.T) {
 		}
 		check(t, "Take whose session was terminated", <-done, "")
 	})
+}
+
+// TestNeverMigratedBehindFailOpen: a schema that was never migrated is a
+// deployment mistake, not an outage, so a guard that fails open does not
+// decide in its place: under "1 1/h", 100 requests are 100 errors wrapping
+// sluice.ErrMisconfigured, none of them allowed.
+func TestNeverMigratedBehindFailOpen(t *testing.T) {
+	ctx := context.Background()
+	s, err := pgstore.New(ctx, testPool, pgstore.Options{Schema: testSchema, Table: "never_migrated_open", SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	g, err := guard.New(s, guard.Options{FailureMode: guard.FailOpen, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := sluice.ParseLimit("1 1/h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allowed, misconfigured int
+	for range 100 {
+		d, err := g.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l})
+		if d.Allowed {
+			allowed++
+		}
+		if errors.Is(err, sluice.ErrMisconfigured) {
+			misconfigured++
+		}
+	}
+	if allowed != 0 || misconfigured != 100 {
+		t.Fatalf("100 takes under %v on a never-migrated schema behind FailOpen: %d allowed, %d errors wrapping %v; want 0 and 100", l, allowed, misconfigured, sluice.ErrMisconfigured)
+	}
 }
