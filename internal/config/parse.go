@@ -118,6 +118,11 @@ func parse(data []byte) (Config, []*Error) {
 // fail records a problem at line on path.
 func (p *parser) fail(line int, path string, cause error, format string, args ...any) {
 	p.errs = append(p.errs, &Error{Line: line, Path: path, Msg: fmt.Sprintf(format, args...), Err: cause})
+	p.mark(path)
+}
+
+// mark records that the value of path could not be read.
+func (p *parser) mark(path string) {
 	p.failed[path] = true
 	for path != "" {
 		path = parent(path)
@@ -609,7 +614,7 @@ func quoteShort(s string) string {
 	return strconv.Quote(s)
 }
 
-// strings reads a list of non-empty strings.
+// list reads a list of non-empty strings; an empty value is an empty list.
 func (p *parser) list(path string, v *yaml.Node, want string) ([]string, bool) {
 	if !p.plain(path, v) {
 		return nil, false
@@ -635,14 +640,13 @@ func (p *parser) list(path string, v *yaml.Node, want string) ([]string, bool) {
 
 // Descriptions of the values fields want, for messages.
 const (
-	wantAddr   = `an address host:port, for example ":8080" or "127.0.0.1:9090"`
-	wantDial   = `an address host:port, for example "10.0.0.1:6379"`
-	wantPath   = `a file path, for example "/etc/sluice/tokens"`
-	wantEnv    = `the name of an environment variable, for example "SLUICE_TOKENS"`
-	wantName   = `a name`
-	wantURL    = `a URL`
-	wantLimit  = `a limit "capacity tokens/period", for example "100 10/s"`
-	wantPolicy = `a mapping of limit or limits, and shadow, for example {limit: "100 10/s"}`
+	wantAddr  = `an address host:port, for example ":8080" or "127.0.0.1:9090"`
+	wantDial  = `an address host:port, for example "10.0.0.1:6379"`
+	wantPath  = `a file path, for example "/etc/sluice/tokens"`
+	wantEnv   = `the name of an environment variable, for example "SLUICE_TOKENS"`
+	wantName  = `a name`
+	wantURL   = `a URL`
+	wantLimit = `a limit "capacity tokens/period", for example "100 10/s"`
 )
 
 var topFields = []field{{name: "listen"}, {name: "auth"}, {name: "store"}, {name: "guard"}, {name: "policies"}}
@@ -737,7 +741,7 @@ func (p *parser) store(path string, n *yaml.Node, s *Store) {
 			}
 			tp := sub(path, "type")
 			if p.failed[tp] {
-				p.failed[sp] = true
+				p.mark(sp) // which section applies is not known
 				return
 			}
 			dflt := ""
