@@ -2,6 +2,7 @@ package memstore
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -59,5 +60,41 @@ func TestRefusedInsertWorkBounded(t *testing.T) {
 				before = s.examined()
 			}
 		})
+	}
+}
+
+// BenchmarkTakeRefusedAtMaxKeys measures a new key refused at MaxKeys in
+// the worst case for an insert's work: a million buckets, none full, and
+// every shard's bound on its next full bucket passed (as it is while the
+// buckets keep being taken), so that the insert may look for a bucket to
+// reclaim in any shard. Each op also marks the 256 bounds passed again.
+func BenchmarkTakeRefusedAtMaxKeys(b *testing.B) {
+	const n = 1 << 20
+	var tick int64
+	s, err := New(Options{Now: func() time.Time { return time.Unix(0, tick) }, MaxKeys: n, SweepInterval: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	l := sluice.Limit{Capacity: 100, Rate: sluice.Per(1, time.Hour)}
+	var k [16]byte
+	copy(k[:], "user:")
+	for i := range n {
+		binary.BigEndian.PutUint64(k[8:], uint64(i)*0x9E3779B97F4A7C15)
+		if _, err := s.Take(ctx, sluice.Request{Policy: "test", Key: string(k[:]), Cost: 1, Limit: l}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	tick = int64(time.Minute)
+	r := sluice.Request{Policy: "test", Key: "a-new-key", Cost: 1, Limit: l}
+	b.ReportAllocs()
+	for b.Loop() {
+		for i := range s.shards {
+			s.shards[i].minFull.Store(math.MinInt64)
+		}
+		if _, err := s.Take(ctx, r); !errors.Is(err, sluice.ErrTooManyKeys) {
+			b.Fatalf("Take(new key) error %v, want ErrTooManyKeys", err)
+		}
 	}
 }

@@ -18,6 +18,8 @@ import (
 	"hash/maphash"
 	"math"
 	"math/bits"
+	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,7 +34,8 @@ type Store struct {
 	now        func() time.Time // nil: the monotonic clock
 	epoch      time.Time
 	seed       maphash.Seed // of keys
-	policySeed maphash.Seed // of policy names
+	policySeed maphash.Seed // of policy names longer than 8 bytes
+	policyKeys [2]uint64    // of shorter policy names
 	shards     []shard
 	mask       uint64
 	shardBits  uint
@@ -69,6 +72,7 @@ func New(o Options) (*Store, error) {
 		now:        o.Now,
 		seed:       maphash.MakeSeed(),
 		policySeed: maphash.MakeSeed(),
+		policyKeys: [2]uint64{rand.Uint64(), rand.Uint64()},
 		conversion: o.OnLimitChange,
 		overflow:   o.Overflow,
 		maxKeys:    int64(c.maxKeys),
@@ -133,8 +137,9 @@ type shard struct {
 	scanMin int64
 	// examined counts the buckets reclaim scans looked at (for tests).
 	examined uint64
-	// plans holds the limits in use by the shard's buckets, compiled.
-	plans map[sluice.Limit]*planRef // nil until the first bucket
+	// plans holds the policies and limits of the shard's buckets, the
+	// limits compiled.
+	plans map[planKey]*planRef // nil until the first bucket
 	ids   idMemory
 
 	_ [64]byte // keep neighbouring shards' locks off one cache line
@@ -159,7 +164,7 @@ func (s *Store) takeFields(ctx context.Context, policy, key string, cost int64, 
 		r := sluice.Request{Policy: policy, Key: key, Cost: cost, Limit: l, RequestID: id}
 		return r.Validate()
 	}
-	h := s.hash(policy, key)
+	pn, h := s.identify(policy, key)
 	sh := &s.shards[h&s.mask]
 	tg := tag(h, s.shardBits)
 	now := s.clock()
@@ -168,7 +173,7 @@ func (s *Store) takeFields(ctx context.Context, policy, key string, cost int64, 
 	// bucket's policy, key and limit were validated when it was created,
 	// so only the cost is left to check.
 	if id == "" && cost >= 1 && cost <= l.Capacity {
-		if idx, _ := sh.table.find(policy, key, tg); idx >= 0 {
+		if idx, _ := sh.table.find(pn, key, tg); idx >= 0 {
 			e := &sh.table.entries[idx]
 			if pl := &e.plan.plan; pl.Limit() == l {
 				if err = ctx.Err(); err == nil {
@@ -180,7 +185,7 @@ func (s *Store) takeFields(ctx context.Context, policy, key string, cost int64, 
 			}
 		}
 	}
-	err = s.take(ctx, sh, &sluice.Request{Policy: policy, Key: key, Cost: cost, Limit: l, RequestID: id}, tg, now, d)
+	err = s.take(ctx, sh, &sluice.Request{Policy: policy, Key: key, Cost: cost, Limit: l, RequestID: id}, pn, tg, now, d)
 	sh.mu.Unlock()
 	return err
 }
@@ -188,7 +193,7 @@ func (s *Store) takeFields(ctx context.Context, policy, key string, cost int64, 
 // take is the general path of Take, with sh locked: it validates r, answers
 // request-ID replays, creates buckets, converts limits and remembers
 // allowed decisions of request IDs.
-func (s *Store) take(ctx context.Context, sh *shard, r *sluice.Request, tg uint32, now int64, d *sluice.Decision) error {
+func (s *Store) take(ctx context.Context, sh *shard, r *sluice.Request, pn policyName, tg uint32, now int64, d *sluice.Decision) error {
 	if err := r.Validate(); err != nil {
 		return err
 	}
@@ -201,11 +206,11 @@ func (s *Store) take(ctx context.Context, sh *shard, r *sluice.Request, tg uint3
 		}
 	}
 
-	idx, _ := sh.table.find(r.Policy, r.Key, tg)
+	idx, _ := sh.table.find(pn, r.Key, tg)
 	var b *entry
 	switch {
 	case idx < 0:
-		pr, err := sh.acquire(r.Limit)
+		pr, err := sh.acquire(pn, r.Limit)
 		if err != nil {
 			return err
 		}
@@ -215,12 +220,12 @@ func (s *Store) take(ctx context.Context, sh *shard, r *sluice.Request, tg uint3
 		}
 		// A bucket the shard may have dropped at a later reading than
 		// now comes back at that reading, never earlier.
-		name := makeName(r.Policy, r.Key)
-		idx = sh.table.insert(tg, entry{name: name, state: pr.plan.Full(max(now, sh.floor)), plan: pr}, s.shardBits, s.rehash)
+		e := entry{key: strings.Clone(r.Key), state: pr.plan.Full(max(now, sh.floor)), plan: pr}
+		idx = sh.table.insert(tg, e, s.shardBits, s.rehash)
 		b = &sh.table.entries[idx]
 	case sh.table.entries[idx].plan.plan.Limit() != r.Limit:
 		b = &sh.table.entries[idx]
-		pr, err := sh.acquire(r.Limit)
+		pr, err := sh.acquire(pn, r.Limit)
 		if err != nil {
 			return err
 		}
@@ -250,13 +255,13 @@ func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	if err := ctx.Err(); err != nil {
 		return sluice.Decision{}, err
 	}
-	h := s.hash(r.Policy, r.Key)
+	pn, h := s.identify(r.Policy, r.Key)
 	sh := &s.shards[h&s.mask]
 	now := s.clock()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	var b *entry
-	if idx, _ := sh.table.find(r.Policy, r.Key, tag(h, s.shardBits)); idx >= 0 {
+	if idx, _ := sh.table.find(pn, r.Key, tag(h, s.shardBits)); idx >= 0 {
 		b = &sh.table.entries[idx]
 		if pl := &b.plan.plan; pl.Limit() == r.Limit {
 			return pl.Peek(b.state, now, r.Cost), nil
@@ -273,35 +278,44 @@ func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	return pl.Peek(pl.Convert(old.Refill(b.state, now), old, s.conversion), now, r.Cost), nil
 }
 
-// planRef is a compiled limit shared by the buckets of one shard that use it.
-type planRef struct {
-	plan bucket.Plan
-	refs int
+// planKey is what buckets share a planRef by.
+type planKey struct {
+	policy string
+	limit  sluice.Limit
 }
 
-// acquire returns the shard's plan for l, compiling it if no bucket of the
-// shard uses l yet, and counts one more user.
-func (sh *shard) acquire(l sluice.Limit) (*planRef, error) {
-	if pr := sh.plans[l]; pr != nil {
+// planRef is the policy and compiled limit shared by the buckets of one
+// shard that have them.
+type planRef struct {
+	plan   bucket.Plan
+	policy policyName
+	refs   int
+}
+
+// acquire returns the shard's planRef for policy p and limit l, making it
+// if no bucket of the shard has them yet, and counts one more user.
+func (sh *shard) acquire(p policyName, l sluice.Limit) (*planRef, error) {
+	if pr := sh.plans[planKey{p.name, l}]; pr != nil {
 		pr.refs++
 		return pr, nil
 	}
-	p, err := bucket.NewPlan(l, time.Nanosecond)
+	plan, err := bucket.NewPlan(l, time.Nanosecond)
 	if err != nil {
 		return nil, err
 	}
 	if sh.plans == nil {
-		sh.plans = make(map[sluice.Limit]*planRef)
+		sh.plans = make(map[planKey]*planRef)
 	}
-	pr := &planRef{plan: p, refs: 1}
-	sh.plans[l] = pr
+	p.name = strings.Clone(p.name)
+	pr := &planRef{plan: plan, policy: p, refs: 1}
+	sh.plans[planKey{p.name, l}] = pr
 	return pr, nil
 }
 
 // release counts one user fewer of pr and forgets it when none is left.
 func (sh *shard) release(pr *planRef) {
 	if pr.refs--; pr.refs == 0 {
-		delete(sh.plans, pr.plan.Limit())
+		delete(sh.plans, planKey{pr.policy.name, pr.plan.Limit()})
 	}
 }
 
@@ -312,18 +326,6 @@ func (s *Store) clock() int64 {
 	}
 	return int64(s.now().Sub(s.epoch))
 }
-
-// hash is the store's hash of the identity (policy, key): its low bits
-// pick the shard, the rest index the shard's table. The parts are hashed
-// apart (with seeds of their own) and combined, so that no name is built.
-// For one policy it is a keyed hash of the key; the same key under two
-// policies lands in unrelated places.
-func (s *Store) hash(policy, key string) uint64 {
-	return maphash.String(s.seed, key) ^ maphash.String(s.policySeed, policy)
-}
-
-// rehash is hash of a bucket's name.
-func (s *Store) rehash(name string) uint64 { return s.hash(splitName(name)) }
 
 // noteFullAt lowers the shard's bounds on the next full bucket to the tick
 // at which a bucket just decided at now, with this ResetAfter, is full

@@ -125,7 +125,7 @@ func (s *Store) drop(sh *shard, idx int) {
 		m := &t.entries[last]
 		sh.scanMin = min(sh.scanMin, m.plan.plan.FullAt(m.state))
 	}
-	t.remove(idx, tag(s.rehash(e.name), s.shardBits), s.shardBits, s.rehash)
+	t.remove(idx, tag(s.rehash(e), s.shardBits), s.shardBits, s.rehash)
 	sh.scanAt = min(sh.scanAt, len(t.entries))
 }
 

@@ -8,50 +8,57 @@ import (
 	"testing"
 )
 
-// nameHash returns a hash of bucket names like the store's.
-func nameHash() func(string) uint64 {
-	s := &Store{seed: maphash.MakeSeed(), policySeed: maphash.MakeSeed()}
-	return s.rehash
+// testHash returns a store's hash of entries, and planRefs for policies.
+func testHash() (func(*entry) uint64, func(policy string) *planRef) {
+	s := &Store{seed: maphash.MakeSeed(), policySeed: maphash.MakeSeed(), policyKeys: [2]uint64{rand.Uint64(), rand.Uint64()}}
+	refs := map[string]*planRef{}
+	ref := func(policy string) *planRef {
+		if refs[policy] == nil {
+			refs[policy] = &planRef{policy: makePolicyName(policy)}
+		}
+		return refs[policy]
+	}
+	return s.rehash, ref
 }
 
+type identity struct{ policy, key string }
+
 // TestTableAgainstMap drives a table and a Go map with the same random
-// inserts and removals and checks after each step that every name is found
-// at the entry that holds it and no removed name is found.
+// inserts and removals and checks after each step that every bucket is
+// found at the entry that holds it and no removed bucket is found.
 func TestTableAgainstMap(t *testing.T) {
-	policies := []string{"a", "ab", "api", "api:x"}
+	policies := []string{"a", "ab", "api", "api:x", "policy-9", "policy-10-long", "policy-11-long"}
 	for _, shardBits := range []uint{0, 4, 8} {
 		t.Run(fmt.Sprint("shardBits=", shardBits), func(t *testing.T) {
-			hash := nameHash()
+			hash, ref := testHash()
 			rng := rand.New(rand.NewPCG(1, uint64(shardBits)))
 			var tb table
-			want := map[string]int64{}
+			want := map[identity]int64{}
 			for step := range 20_000 {
-				policy := policies[rng.IntN(len(policies))]
-				key := fmt.Sprint("b", rng.IntN(750))
-				k := makeName(policy, key)
-				tg := tag(hash(k), shardBits)
-				idx, _ := tb.find(policy, key, tg)
-				_, present := want[k]
+				id := identity{policies[rng.IntN(len(policies))], fmt.Sprint("b", rng.IntN(500))}
+				e := entry{key: id.key, plan: ref(id.policy)}
+				e.state.Stamp = int64(step)
+				tg := tag(hash(&e), shardBits)
+				idx, _ := tb.find(e.plan.policy, id.key, tg)
+				_, present := want[id]
 				if (idx >= 0) != present {
-					t.Fatalf("step %d: find(%q) = %d, present in map %v", step, k, idx, present)
+					t.Fatalf("step %d: find(%q, %q) = %d, present in map %v", step, id.policy, id.key, idx, present)
 				}
 				// Grow for two thirds of the run, then mostly shrink.
 				insert := rng.IntN(3) < 2 == (step < 13_000)
 				switch {
 				case !present && insert:
-					e := entry{name: k}
-					e.state.Stamp = int64(step)
 					tb.insert(tg, e, shardBits, hash)
-					want[k] = int64(step)
+					want[id] = int64(step)
 				case present && !insert:
 					tb.remove(idx, tg, shardBits, hash)
-					delete(want, k)
+					delete(want, id)
 				}
 				if len(tb.entries) != len(want) {
 					t.Fatalf("step %d: %d entries, want %d", step, len(tb.entries), len(want))
 				}
 				if step%997 == 0 || step == 19_999 {
-					checkTable(t, &tb, want, shardBits, hash)
+					checkTable(t, &tb, want, shardBits, hash, ref)
 				}
 			}
 			if len(tb.slots) > 64 && len(tb.entries)*8 < len(tb.slots) {
@@ -61,7 +68,7 @@ func TestTableAgainstMap(t *testing.T) {
 	}
 }
 
-func checkTable(t *testing.T, tb *table, want map[string]int64, shardBits uint, hash func(string) uint64) {
+func checkTable(t *testing.T, tb *table, want map[identity]int64, shardBits uint, hash func(*entry) uint64, ref func(string) *planRef) {
 	t.Helper()
 	used := 0
 	for _, sv := range tb.slots {
@@ -72,11 +79,11 @@ func checkTable(t *testing.T, tb *table, want map[string]int64, shardBits uint, 
 	if used != len(tb.entries) || used*4 > len(tb.slots)*3 {
 		t.Fatalf("%d used slots of %d for %d entries", used, len(tb.slots), len(tb.entries))
 	}
-	for k, stamp := range want {
-		policy, key := splitName(k)
-		idx, _ := tb.find(policy, key, tag(hash(k), shardBits))
-		if idx < 0 || tb.entries[idx].name != k || tb.entries[idx].state.Stamp != stamp {
-			t.Fatalf("find(%q) = %d, want the entry with stamp %d", k, idx, stamp)
+	for id, stamp := range want {
+		e := entry{key: id.key, plan: ref(id.policy)}
+		idx, _ := tb.find(e.plan.policy, id.key, tag(hash(&e), shardBits))
+		if idx < 0 || tb.entries[idx].key != id.key || tb.entries[idx].plan.policy.name != id.policy || tb.entries[idx].state.Stamp != stamp {
+			t.Fatalf("find(%q, %q) = %d, want the entry with stamp %d", id.policy, id.key, idx, stamp)
 		}
 	}
 }
@@ -86,11 +93,11 @@ func TestTableOldest(t *testing.T) {
 	if got := tb.oldest(8); got != -1 {
 		t.Fatalf("oldest of an empty table = %d, want -1", got)
 	}
-	hash := nameHash()
+	hash, ref := testHash()
 	for i := range 4 {
-		e := entry{name: makeName("test", fmt.Sprint(i))}
+		e := entry{key: fmt.Sprint(i), plan: ref("test")}
 		e.state.Stamp = int64(10 - i)
-		tb.insert(tag(hash(e.name), 0), e, 0, hash)
+		tb.insert(tag(hash(&e), 0), e, 0, hash)
 	}
 	// A sample of 64 among 4 entries sees the oldest with near certainty
 	// (probability of missing it (3/4)^64 < 1e-7).
@@ -99,26 +106,41 @@ func TestTableOldest(t *testing.T) {
 	}
 }
 
-// Names encode (policy, key) without collisions, and split back.
-func TestNames(t *testing.T) {
-	tests := []struct{ policy, key string }{
-		{"api", "x:y"}, {"api:x", "y"}, {"a", "bc"}, {"ab", "c"},
-		{"p", "\x00"}, {"p", "\x01p"}, {strings.Repeat("p", 64), strings.Repeat("k", 512)},
+// A policy name's word packs its first 8 bytes exactly, and policyName.is tells every
+// pair of names apart, including names whose first 8 bytes agree and
+// (invalid) names that differ only by a zero byte.
+func TestPolicyNames(t *testing.T) {
+	names := []string{"a", "b", "ab", "ba", "abc", "abcd", "abcde", "abcdef", "abcdefg", "abcdefgh",
+		"abcdefghi", "abcdefghj", "abcdefgh-1", "abcdefgh-2", "x-abcdefgh", "a\x00", "\x00a", "a\x00\x00\x00\x00",
+		strings.Repeat("p", 64), strings.Repeat("p", 63) + "q"}
+	for _, n := range names {
+		var want uint64
+		for i := 0; i < len(n) && i < 8; i++ {
+			want |= uint64(n[i]) << (8 * i)
+		}
+		if got := makePolicyName(n).word; got != want {
+			t.Errorf("makePolicyName(%q).word = %#x, want %#x", n, got, want)
+		}
 	}
-	seen := map[string]int{}
-	for i, tt := range tests {
-		n := makeName(tt.policy, tt.key)
-		if j, ok := seen[n]; ok {
-			t.Fatalf("makeName(%q, %q) = makeName(%q, %q) = %q", tt.policy, tt.key, tests[j].policy, tests[j].key, n)
+	for i, a := range names {
+		for j, b := range names {
+			if got := makePolicyName(a).is(makePolicyName(b)); got != (i == j) {
+				t.Errorf("makePolicyName(%q).is(%q) = %v, want %v", a, b, got, i == j)
+			}
 		}
-		seen[n] = i
-		if p, k := splitName(n); p != tt.policy || k != tt.key {
-			t.Fatalf("splitName(makeName(%q, %q)) = %q, %q", tt.policy, tt.key, p, k)
-		}
-		e := entry{name: n}
-		for j, other := range tests {
-			if got := e.is(other.policy, other.key); got != (i == j) {
-				t.Fatalf("entry of (%q, %q) is (%q, %q) = %v, want %v", tt.policy, tt.key, other.policy, other.key, got, i == j)
+	}
+}
+
+// An entry is (policy, key): moving bytes between the two makes another
+// identity.
+func TestEntryIdentity(t *testing.T) {
+	ids := []identity{{"api", "x:y"}, {"api:x", "y"}, {"a", "bc"}, {"ab", "c"}, {"p", "\x00"}, {"p\x00", ""}}
+	_, ref := testHash()
+	for i, a := range ids {
+		e := entry{key: a.key, plan: ref(a.policy)}
+		for j, b := range ids {
+			if got := e.is(makePolicyName(b.policy), b.key); got != (i == j) {
+				t.Errorf("entry of %q is %q = %v, want %v", a, b, got, i == j)
 			}
 		}
 	}
