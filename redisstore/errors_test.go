@@ -150,65 +150,6 @@ func TestBatchForeignValueFailsOnlyItsOwn(t *testing.T) {
 	}
 }
 
-// TestOneScriptLoadPerFlush: after the servers lose the script (SCRIPT
-// FLUSH, as a restart does), 16 callers meeting NOSCRIPT at once make one
-// load per server between them, and every decision succeeds: three rounds,
-// on a private standalone server and on the cluster, batched and not.
-func TestOneScriptLoadPerFlush(t *testing.T) {
-	const callers = 16
-	srv := redistest.Private(t)
-	standalone := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: callers})
-	t.Cleanup(func() { standalone.Close() })
-	clients := map[string]client{"standalone": standalone}
-	if !testing.Short() {
-		clients["cluster"] = redistest.ClusterClient(t)
-	}
-	l := sluice.Limit{Capacity: 1_000_000, Rate: sluice.Per(1, time.Hour)}
-	for name, c := range clients {
-		for _, batch := range batchModes {
-			t.Run(fmt.Sprintf("%s/batch=%d", name, batch), func(t *testing.T) {
-				ctx := t.Context()
-				s := newStore(t, c, Options{Batch: batch})
-				keys := make([]string, callers)
-				nodes := map[string]bool{}
-				for i := range keys {
-					keys[i] = fmt.Sprint("k", i)
-					addr := ""
-					if cc, ok := c.(*redis.ClusterClient); ok {
-						n, err := cc.MasterForKey(ctx, s.bucketKey(testPolicy, keys[i]))
-						if err != nil {
-							t.Fatal(err)
-						}
-						addr = n.Options().Addr
-					}
-					nodes[addr] = true
-				}
-				for round := range 3 {
-					if err := forEachNode(ctx, c, func(ctx context.Context, n redis.Cmdable) error { return n.ScriptFlush(ctx).Err() }); err != nil {
-						t.Fatal(err)
-					}
-					before := s.Stats().ScriptLoads
-					start := make(chan struct{})
-					var wg sync.WaitGroup
-					for _, k := range keys {
-						wg.Go(func() {
-							<-start
-							if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: k, Cost: 1, Limit: l}); err != nil {
-								t.Errorf("round %d: Take(%q) = %v", round, k, err)
-							}
-						})
-					}
-					close(start)
-					wg.Wait()
-					if got := s.Stats().ScriptLoads - before; got != uint64(len(nodes)) {
-						t.Errorf("round %d: %d callers after SCRIPT FLUSH made %d script loads; want %d (one per server)", round, callers, got, len(nodes))
-					}
-				}
-			})
-		}
-	}
-}
-
 // replyError is an error reply as go-redis returns one: it has the
 // RedisError method of redis.Error.
 type replyError string

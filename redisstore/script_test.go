@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,12 +50,12 @@ func edgeLimit(t *rapid.T, label string) sluice.Limit {
 	return sluice.Limit{Capacity: c, Rate: sluice.Per(n, time.Duration(p)*time.Microsecond)}
 }
 
-// TestScriptMatchesPlan checks the script against sluice.Plan at a 1µs tick
+// TestScriptMatchesPlan checks the script against bucket.Plan at a 1µs tick
 // on states drawn directly, not reached by takes: levels anywhere on the
 // grid, limits at the edge of what the store accepts, idle gaps up to the
-// end of its time range, the clock behind the stamp, and limit changes under
-// every policy. The decision and the state written must be Plan's, bit for
-// bit.
+// end of its time range, the clock behind the stamp (the waits then count
+// from now), and limit changes under every conversion. The decision and
+// the state written must be Plan's, bit for bit.
 func TestScriptMatchesPlan(t *testing.T) {
 	c := redistest.Client(t)
 	prefix := newPrefix(t, c)
@@ -67,7 +66,7 @@ func TestScriptMatchesPlan(t *testing.T) {
 		if rapid.Bool().Draw(rt, "limit change") {
 			tc.to = edgeLimit(rt, "new")
 		}
-		tc.policy = rapid.SampledFrom([]sluice.Conversion{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "policy")
+		tc.conv = rapid.SampledFrom([]sluice.Conversion{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "conversion")
 		tc.otherSettings = rapid.Bool().Draw(rt, "written with other settings")
 		oldPlan, err := bucket.NewPlan(tc.from, time.Microsecond)
 		if err != nil {
@@ -104,30 +103,30 @@ func TestScriptConversionEdges(t *testing.T) {
 	}{
 		{"scale to 2^40 per 366 days", planCase{
 			from: sluice.Limit{Capacity: 2, Rate: sluice.Per(1, 4*time.Microsecond)}, to: maxTokens366d,
-			policy: sluice.ScaleTokens, state: bucket.State{Tokens: 1, Frac: 1}, now: 1, cost: 1}},
+			conv: sluice.ScaleTokens, state: bucket.State{Tokens: 1, Frac: 1}, now: 1, cost: 1}},
 		{"scale from 2^40 per 366 days", planCase{
 			from: maxTokens366d, to: sluice.Limit{Capacity: 4503599, Rate: sluice.Every(1000 * time.Second)},
-			policy: sluice.ScaleTokens, state: bucket.State{Tokens: 2333372, Frac: 1930078124, Stamp: 5}, now: 5, cost: 1}},
+			conv: sluice.ScaleTokens, state: bucket.State{Tokens: 2333372, Frac: 1930078124, Stamp: 5}, now: 5, cost: 1}},
 		{"keep, fraction onto a finer grid", planCase{
 			from: maxTokens366d, to: sluice.Limit{Capacity: 142, Rate: sluice.Every(sluice.MaxPeriod)},
-			policy: sluice.KeepTokens, state: bucket.State{Tokens: 7, Frac: 1930078124}, now: 0, cost: 1}},
+			conv: sluice.KeepTokens, state: bucket.State{Tokens: 7, Frac: 1930078124}, now: 0, cost: 1}},
 		{"refill a microsecond short of full", planCase{
 			from: sluice.Limit{Capacity: 10, Rate: sluice.Per(3, 7*time.Microsecond)}, to: sluice.Limit{Capacity: 10, Rate: sluice.Per(3, 7*time.Microsecond)},
-			policy: sluice.KeepTokens, state: bucket.State{Tokens: 9, Stamp: 100}, now: 102, cost: 10}},
+			conv: sluice.KeepTokens, state: bucket.State{Tokens: 9, Stamp: 100}, now: 102, cost: 10}},
 		// The clock 2^53 - 1 - 10^12 µs behind the stamp: the wait for one
 		// token from now is 2^53 + 30622400000000 - 1 µs, an odd number
 		// beyond a double's integers, which the script must not round;
 		// the wait until full is beyond a time.Duration (Never).
 		{"wait from now beyond 2^53", planCase{
 			from: sluice.Limit{Capacity: 142, Rate: sluice.Every(sluice.MaxPeriod)}, to: sluice.Limit{Capacity: 142, Rate: sluice.Every(sluice.MaxPeriod)},
-			policy: sluice.KeepTokens, state: bucket.State{Tokens: 0, Stamp: maxExact}, now: 1_000_000_000_000, cost: 1}},
+			conv: sluice.KeepTokens, state: bucket.State{Tokens: 0, Stamp: maxExact}, now: 1_000_000_000_000, cost: 1}},
 		{"wait from now just below 2^53", planCase{
 			from: sluice.Limit{Capacity: 142, Rate: sluice.Every(sluice.MaxPeriod)}, to: sluice.Limit{Capacity: 142, Rate: sluice.Every(sluice.MaxPeriod)},
-			policy: sluice.KeepTokens, state: bucket.State{Tokens: 0, Stamp: maxExact}, now: 31622400000000 + 1, cost: 1}},
+			conv: sluice.KeepTokens, state: bucket.State{Tokens: 0, Stamp: maxExact}, now: 31622400000000 + 1, cost: 1}},
 		{"scale, both products near 2^52", planCase{
-			from:   sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(1, 4095*time.Microsecond)},
-			to:     sluice.Limit{Capacity: 1<<40 - 1, Rate: sluice.Per(3, 4093*time.Microsecond)},
-			policy: sluice.ScaleTokens, state: bucket.State{Tokens: 1<<40 - 1, Frac: 4094}, now: 0, cost: 1 << 39}},
+			from: sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(1, 4095*time.Microsecond)},
+			to:   sluice.Limit{Capacity: 1<<40 - 1, Rate: sluice.Per(3, 4093*time.Microsecond)},
+			conv: sluice.ScaleTokens, state: bucket.State{Tokens: 1<<40 - 1, Frac: 4094}, now: 0, cost: 1 << 39}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.tc.check(t, c, prefix) })
@@ -138,15 +137,15 @@ func TestScriptConversionEdges(t *testing.T) {
 // to take cost under limit to.
 type planCase struct {
 	from, to      sluice.Limit
-	policy        sluice.Conversion
-	otherSettings bool // the bucket was written by a store with another policy and least TTL
+	conv          sluice.Conversion
+	otherSettings bool // the bucket was written by a store with another conversion and least TTL
 	state         bucket.State
 	now           int64
 	cost          int64
 }
 
 // check writes the bucket directly, then requires the store's Peek and Take
-// and the state the Take writes to be sluice.Plan's.
+// and the state the Take writes to be bucket.Plan's.
 func (tc planCase) check(t interface {
 	Helper()
 	Fatalf(string, ...any)
@@ -161,7 +160,7 @@ func (tc planCase) check(t interface {
 	if err != nil {
 		t.Fatalf("NewPlan(%v): %v", tc.to, err)
 	}
-	s, err := New(c, Options{Prefix: prefix, OnLimitChange: tc.policy, Now: func() time.Time { return micros(tc.now) }, MinTTL: time.Hour})
+	s, err := New(c, Options{Prefix: prefix, OnLimitChange: tc.conv, Now: func() time.Time { return micros(tc.now) }, MinTTL: time.Hour})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -169,7 +168,7 @@ func (tc planCase) check(t interface {
 	// other settings (the limit is the same, the spec is not).
 	writer := s
 	if tc.otherSettings {
-		if writer, err = New(c, Options{Prefix: prefix, OnLimitChange: (tc.policy + 1) % 3}); err != nil {
+		if writer, err = New(c, Options{Prefix: prefix, OnLimitChange: (tc.conv + 1) % 3}); err != nil {
 			t.Fatalf("New: %v", err)
 		}
 	}
@@ -182,13 +181,13 @@ func (tc planCase) check(t interface {
 	// The reference: refill under the old limit, convert, decide.
 	want := oldPlan.Refill(tc.state, tc.now)
 	if tc.from != tc.to {
-		want = newPlan.Convert(want, &oldPlan, tc.policy)
+		want = newPlan.Convert(want, &oldPlan, tc.conv)
 	}
 	peekWant := newPlan.Peek(want, tc.now, tc.cost)
 	var wantD sluice.Decision
 	newPlan.Take(&want, tc.now, tc.cost, &wantD)
 
-	call := fmt.Sprintf("(%v) of %q (%v) at %d", tc.to, value, tc.policy, tc.now)
+	call := fmt.Sprintf("(%v) of %q (%v) at %d", tc.to, value, tc.conv, tc.now)
 	peek, err := s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: tc.cost, Limit: tc.to})
 	if err != nil {
 		t.Fatalf("Peek%s: %v", call, err)
@@ -259,7 +258,7 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 	}
 	keys := []string{s.bucketKey(testPolicy, "k"), s.recordKey(testPolicy, "k", "id")}
 	// The fields of a valid take with a request ID, 10 tokens, 3 per
-	// second: operation, time, C, n, P, n', p', cost, policy, least TTL,
+	// second: operation, time, C, n, P, n', p', cost, conversion, least TTL,
 	// request-ID memory; for "takes", the fields after the least TTL are
 	// the further costs. args makes the script's arguments of them, the
 	// seven numbers of the spec encoded into one.
@@ -328,7 +327,7 @@ func TestScriptRejectsBadArguments(t *testing.T) {
 	})
 	with("cost 0", func(a []string) []string { a[7] = "0"; return a })
 	with("cost above capacity", func(a []string) []string { a[7] = "11"; return a })
-	with("policy 3", func(a []string) []string { a[8] = "3"; return a })
+	with("conversion 3", func(a []string) []string { a[8] = "3"; return a })
 	with("request-ID memory 0", func(a []string) []string { a[10] = "0"; return a })
 	with("time 2^53", func(a []string) []string { a[1] = "9007199254740992"; return a })
 	with("least TTL 2^53", func(a []string) []string { a[9] = "9007199254740992"; return a })
@@ -450,8 +449,8 @@ func TestScriptRejectsForeignValues(t *testing.T) {
 					t.Errorf("Take error %v wraps a parameter sentinel; want a store error", err)
 				}
 				var se *ScriptError
-				if !errors.As(err, &se) {
-					t.Errorf("Take error %v (%T) is not a *ScriptError", err, err)
+				if !errors.As(err, &se) || !errors.Is(err, sluice.ErrMisconfigured) || sluice.IsUnavailable(err) {
+					t.Errorf("Take error %v (%T) is not a *ScriptError wrapping %v alone", err, err, sluice.ErrMisconfigured)
 				}
 				if after := dump(); after != before {
 					t.Errorf("bucket and record keys changed from %q to %q", before, after)
@@ -569,7 +568,7 @@ func TestStoredStampNeverMovesBack(t *testing.T) {
 
 // TestScriptSharedTakes: one "takes" script call (how a batch sends takes
 // under one limit) decides its takes one after another at one time, as
-// sluice.Plan does, on two buckets met in any order, stored or missing,
+// bucket.Plan does, on two buckets met in any order, stored or missing,
 // under limit changes, and stores Plan's final state of each.
 func TestScriptSharedTakes(t *testing.T) {
 	c := redistest.Client(t)
@@ -683,60 +682,7 @@ func decisionCmdReply(ctx context.Context, c client, args []any) ([]any, error) 
 	return cmd.Slice()
 }
 
-// TestDecisionReply: decision reads the script's reply of five values,
-// with waits as integers or, from 2^53 µs on, as decimal text, and refuses
-// every other shape as a *ScriptError, which wraps sluice.ErrMisconfigured.
-func TestDecisionReply(t *testing.T) {
-	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
-	good := []struct {
-		reply     []any
-		want      sluice.Decision
-		converted bool
-	}{
-		{[]any{"ok", int64(1), int64(9), int64(0), int64(1_000_000)},
-			sluice.Decision{Allowed: true, Remaining: 9, ResetAfter: time.Second, Limit: l}, false},
-		{[]any{"conv", int64(1), int64(9), int64(0), int64(1_000_000)},
-			sluice.Decision{Allowed: true, Remaining: 9, ResetAfter: time.Second, Limit: l}, true},
-		{[]any{"ok", int64(0), int64(0), int64(1), int64(-1)},
-			sluice.Decision{Remaining: 0, RetryAfter: time.Microsecond, ResetAfter: sluice.Never, Limit: l}, false},
-		{[]any{"replay", int64(0), int64(3), int64(-1), int64(math.MaxInt64)},
-			sluice.Decision{Remaining: 3, RetryAfter: sluice.Never, ResetAfter: sluice.Never, Limit: l, Replayed: true}, false},
-		{[]any{"ok", int64(0), int64(0), "9007199254740993", "9223372036854775"},
-			sluice.Decision{Remaining: 0, RetryAfter: 9007199254740993 * time.Microsecond, ResetAfter: 9223372036854775 * time.Microsecond, Limit: l}, false},
-		{[]any{"ok", int64(0), int64(0), "9223372036854776", "13510798882111486"},
-			sluice.Decision{Remaining: 0, RetryAfter: sluice.Never, ResetAfter: sluice.Never, Limit: l}, false},
-	}
-	for _, tt := range good {
-		got, converted, err := decision(tt.reply, l)
-		if err != nil || got != tt.want || converted != tt.converted {
-			t.Errorf("decision(%v) = %+v, %v, %v; want %+v, %v", tt.reply, got, converted, err, tt.want, tt.converted)
-		}
-	}
-	bad := [][]any{
-		nil,
-		{"ok", int64(1), int64(9), int64(0)},
-		{"ok", int64(1), int64(9), int64(0), int64(0), int64(0)},
-		{"conflict", int64(1), int64(9), int64(0), int64(0)},
-		{"foreign", "ERR sluice: bucket key holds a value sluice did not write", int64(0), int64(0), int64(0)},
-		{"ok", int64(2), int64(9), int64(0), int64(0)},
-		{"ok", "1", int64(9), int64(0), int64(0)},
-		{"ok", int64(1), int64(-1), int64(0), int64(0)},
-		{"ok", int64(1), int64(9), int64(-2), int64(0)},
-		{"ok", int64(1), int64(9), int64(0), "n"},
-		{"ok", int64(1), int64(9), int64(0), "-1"},
-		{"ok", int64(1), int64(9), int64(0), "012"},
-		{"ok", int64(1), int64(9), int64(0), ""},
-		{int64(1), int64(1), int64(9), int64(0), int64(0)},
-	}
-	for _, reply := range bad {
-		var se *ScriptError
-		if d, _, err := decision(reply, l); !errors.As(err, &se) || !errors.Is(err, sluice.ErrMisconfigured) {
-			t.Errorf("decision(%v) = %+v, %v; want a *ScriptError wrapping %v", reply, d, err, sluice.ErrMisconfigured)
-		}
-	}
-}
-
-// TestQuietDenialsDecideAlike checks, on sluice.Plan (which the script
+// TestQuietDenialsDecideAlike checks, on bucket.Plan (which the script
 // reproduces bit for bit), why the script may skip writing a denial on
 // Redis TIME: for any bucket, a denial at t1 and any later decision at
 // t2 >= t1 decide the same, and leave the same state, whether or not the

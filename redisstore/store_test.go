@@ -492,120 +492,6 @@ func (p *dropProxy) serve(in, out net.Conn) {
 	}
 }
 
-// TestKeyLayout: a bucket's key encodes (policy, key) one to one, so no
-// two pairs share a bucket or a record key; the hash tag comes from the
-// whole pair, so braces in either cannot choose it; a bucket and its
-// records share it.
-func TestKeyLayout(t *testing.T) {
-	s, err := New(offline(t), Options{Prefix: "p:"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tag := func(k string) string {
-		_, rest, _ := strings.Cut(k, "{")
-		tag, _, _ := strings.Cut(rest, "}")
-		return tag
-	}
-	tests := []struct {
-		policy, key, id string
-	}{
-		{"api", "user", ""}, {"api", "{user}", ""}, {"{api}", "user", ""}, {"a}", "{b}c", "x"}, {"api", "}{", "{}"},
-		{"api", "\x00\xff", "\n"}, {"api", "x:y", "r"}, {"api:x", "y", "r"}, {"ab", "c", "r"}, {"a", "bc", "r"},
-		{"1", "2:ab", ""}, {"12", ":ab", ""},
-		{strings.Repeat("p", sluice.MaxPolicyLen), strings.Repeat("k", sluice.MaxKeyLen), "r"},
-	}
-	buckets := map[string][2]string{}
-	records := map[string][3]string{}
-	tags := map[string][2]string{}
-	for _, tt := range tests {
-		b := s.bucketKey(tt.policy, tt.key)
-		if want := fmt.Sprintf("p:{%s}b:%d:%s%s", tag(b), len(tt.policy), tt.policy, tt.key); b != want || len(tag(b)) != 16 {
-			t.Errorf("bucketKey(%q, %q) = %q, want %q with a 16-digit tag", tt.policy, tt.key, b, want)
-		}
-		r := s.recordKey(tt.policy, tt.key, tt.id)
-		if want := fmt.Sprintf("p:{%s}r:%d:%s%d:%s%s", tag(b), len(tt.policy), tt.policy, len(tt.key), tt.key, tt.id); r != want {
-			t.Errorf("recordKey(%q, %q, %q) = %q, want %q (the bucket's tag)", tt.policy, tt.key, tt.id, r, want)
-		}
-		if other, ok := buckets[b]; ok {
-			t.Errorf("pairs %q and %q share the bucket key %q", other, [2]string{tt.policy, tt.key}, b)
-		}
-		if other, ok := records[r]; ok {
-			t.Errorf("requests %q and %q share the record key %q", other, [3]string{tt.policy, tt.key, tt.id}, r)
-		}
-		if other, ok := tags[tag(b)]; ok {
-			t.Errorf("pairs %q and %q share the tag %q", other, [2]string{tt.policy, tt.key}, tag(b))
-		}
-		buckets[b], records[r], tags[tag(b)] = [2]string{tt.policy, tt.key}, [3]string{tt.policy, tt.key, tt.id}, [2]string{tt.policy, tt.key}
-	}
-	if a, b := s.recordKey("p", "ab", "c"), s.recordKey("p", "a", "bc"); a == b {
-		t.Errorf("recordKey(%q, %q, %q) = recordKey(%q, %q, %q) = %q", "p", "ab", "c", "p", "a", "bc", a)
-	}
-}
-
-// TestClusterSlots: on the cluster, a key's bucket and records hash to one
-// slot whatever braces the key holds, and 1,000 keys spread over slots.
-func TestClusterSlots(t *testing.T) {
-	if testing.Short() {
-		t.Skip("the cluster is not started in -short mode")
-	}
-	c := redistest.ClusterClient(t)
-	ctx := t.Context()
-	s := newStore(t, c, Options{})
-	slots := map[int64]bool{}
-	for i := range 1000 {
-		key := fmt.Sprintf("{user}%d", i)
-		b, err := c.ClusterKeySlot(ctx, s.bucketKey(testPolicy, key)).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := c.ClusterKeySlot(ctx, s.recordKey(testPolicy, key, "{id}")).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if b != r {
-			t.Fatalf("key %q: bucket slot %d, record slot %d", key, b, r)
-		}
-		slots[b] = true
-	}
-	// 1,000 keys over 16,384 slots: about 970 distinct slots expected.
-	if len(slots) < 900 {
-		t.Errorf("1,000 keys sharing the text {user} hash to %d slots, want about 970", len(slots))
-	}
-}
-
-// TestCheckLimit: the limits whose exact arithmetic exceeds Lua's exact
-// integers are refused with sluice.ErrInvalidLimit naming the bound.
-func TestCheckLimit(t *testing.T) {
-	tests := []struct {
-		l    sluice.Limit
-		want string // in the error; "" for accepted
-	}{
-		{sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(10)}, ""},
-		{sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(1, 4095*time.Microsecond)}, ""},
-		{sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(1, 4096*time.Microsecond)}, "must be below 2^52"},
-		{sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(1<<40, sluice.MaxPeriod)}, "reduced period 1930078125µs"},
-		{sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(1<<40, time.Microsecond)}, ""},
-		{sluice.Limit{Capacity: 142, Rate: sluice.Every(sluice.MaxPeriod)}, ""},
-		{sluice.Limit{Capacity: 143, Rate: sluice.Every(sluice.MaxPeriod)}, "capacity 143 × reduced period 31622400000000µs"},
-		{sluice.Limit{Capacity: 75_000_000_000, Rate: sluice.Per(1000, time.Minute)}, ""},
-		{sluice.Limit{Capacity: 1 << 40, Rate: sluice.Per(0, sluice.MaxPeriod)}, ""},
-		{sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Second+time.Nanosecond)}, "not a whole number of microseconds"},
-		{sluice.Limit{Capacity: 0, Rate: sluice.PerSecond(1)}, "capacity 0"},
-	}
-	for _, tt := range tests {
-		err := checkLimit(tt.l)
-		if tt.want == "" {
-			if err != nil {
-				t.Errorf("CheckLimit(%v) = %v, want nil", tt.l, err)
-			}
-			continue
-		}
-		if !errors.Is(err, sluice.ErrInvalidLimit) || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("CheckLimit(%v) = %v, want an error wrapping %v that says %q", tt.l, err, sluice.ErrInvalidLimit, tt.want)
-		}
-	}
-}
-
 // TestNewOptions: a bad option is an error wrapping sluice.ErrInvalidOption
 // that names it, never repaired; New does no I/O.
 func TestNewOptions(t *testing.T) {
@@ -1088,4 +974,109 @@ func TestStatsConversions(t *testing.T) {
 func take(ctx context.Context, s *Store, key string, l sluice.Limit, id string) error {
 	_, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: l, RequestID: id})
 	return err
+}
+
+// TestDeniedRequestIDDecidesAfresh: a denial is not remembered under its
+// request ID (no record is written), so a retry with the ID decides again,
+// and once allowed it is remembered and replayed.
+func TestDeniedRequestIDDecidesAfresh(t *testing.T) {
+	l := sluice.Limit{Capacity: 1, Rate: sluice.Per(1, time.Minute)}
+	for name, c := range topologies(t) {
+		for _, batch := range batchModes {
+			t.Run(fmt.Sprintf("%s/batch=%d", name, batch), func(t *testing.T) {
+				ctx := t.Context()
+				at := micros(1_000_000)
+				s := newStore(t, c, Options{Now: func() time.Time { return at }, MinTTL: time.Hour, Batch: batch})
+				take := func(id string) sluice.Decision {
+					t.Helper()
+					d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l, RequestID: id})
+					if err != nil {
+						t.Fatalf("Take(ID %q) = %v", id, err)
+					}
+					return d
+				}
+				if d := take(""); !d.Allowed {
+					t.Fatalf("first Take = %+v, want allowed", d)
+				}
+				for i := range 2 {
+					if d := take("r"); d.Allowed || d.Replayed || d.RetryAfter != time.Minute {
+						t.Fatalf("Take %d with ID %q of an empty bucket = %+v; want denied afresh (not replayed), retry after 1m", i+1, "r", d)
+					}
+				}
+				if keys, err := scanKeys(ctx, c, s.prefix); err != nil || len(keys) != 1 {
+					t.Errorf("keys after the denials %q, %v; want the bucket's alone (no record of a denial)", keys, err)
+				}
+				at = at.Add(time.Minute)
+				if d := take("r"); !d.Allowed || d.Replayed {
+					t.Fatalf("Take with ID %q a minute later = %+v; want allowed, not replayed", "r", d)
+				}
+				if d := take("r"); !d.Allowed || !d.Replayed {
+					t.Fatalf("retry of the allowed Take with ID %q = %+v; want its replay", "r", d)
+				}
+				other := sluice.Limit{Capacity: 2, Rate: l.Rate}
+				if d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: other, RequestID: "r"}); !errors.Is(err, sluice.ErrRequestIDConflict) {
+					t.Fatalf("Take with ID %q under another limit = %+v, %v; want %v", "r", d, err, sluice.ErrRequestIDConflict)
+				}
+			})
+		}
+	}
+}
+
+// TestOneScriptLoadPerFlush: after the servers lose the script (SCRIPT
+// FLUSH, as a restart does), 16 callers meeting NOSCRIPT at once make one
+// load per server between them, and every decision succeeds: three rounds,
+// on a private standalone server and on the cluster, batched and not.
+func TestOneScriptLoadPerFlush(t *testing.T) {
+	const callers = 16
+	srv := redistest.Private(t)
+	standalone := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: callers})
+	t.Cleanup(func() { standalone.Close() })
+	clients := map[string]client{"standalone": standalone}
+	if !testing.Short() {
+		clients["cluster"] = redistest.ClusterClient(t)
+	}
+	l := sluice.Limit{Capacity: 1_000_000, Rate: sluice.Per(1, time.Hour)}
+	for name, c := range clients {
+		for _, batch := range batchModes {
+			t.Run(fmt.Sprintf("%s/batch=%d", name, batch), func(t *testing.T) {
+				ctx := t.Context()
+				s := newStore(t, c, Options{Batch: batch})
+				keys := make([]string, callers)
+				nodes := map[string]bool{}
+				for i := range keys {
+					keys[i] = fmt.Sprint("k", i)
+					addr := ""
+					if cc, ok := c.(*redis.ClusterClient); ok {
+						n, err := cc.MasterForKey(ctx, s.bucketKey(testPolicy, keys[i]))
+						if err != nil {
+							t.Fatal(err)
+						}
+						addr = n.Options().Addr
+					}
+					nodes[addr] = true
+				}
+				for round := range 3 {
+					if err := forEachNode(ctx, c, func(ctx context.Context, n redis.Cmdable) error { return n.ScriptFlush(ctx).Err() }); err != nil {
+						t.Fatal(err)
+					}
+					before := s.Stats().ScriptLoads
+					start := make(chan struct{})
+					var wg sync.WaitGroup
+					for _, k := range keys {
+						wg.Go(func() {
+							<-start
+							if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: k, Cost: 1, Limit: l}); err != nil {
+								t.Errorf("round %d: Take(%q) = %v", round, k, err)
+							}
+						})
+					}
+					close(start)
+					wg.Wait()
+					if got := s.Stats().ScriptLoads - before; got != uint64(len(nodes)) {
+						t.Errorf("round %d: %d callers after SCRIPT FLUSH made %d script loads; want %d (one per server)", round, callers, got, len(nodes))
+					}
+				}
+			})
+		}
+	}
 }
