@@ -42,7 +42,7 @@
 // whatever MaxRetries says (a reply lost after the script ran must not
 // charge twice); MaxRetries: -1 keeps other code sharing the client from
 // retrying. Dialing never runs the script: DialerRetries only costs time,
-// up to the caller's deadline (without one, 4 pauses of 100 ms and 5
+// up to the caller's deadline (without one, 4 pauses of 100 ms and up to 5
 // DialTimeouts per call while Redis is down, and a log line for each failed
 // dial until go-redis stops dialing). docs/redis.md explains each setting.
 package redisstore
