@@ -99,11 +99,13 @@ func (b *breaker) init(o Options, probe time.Duration, now time.Time) {
 }
 
 // admit tells a call whether it may go to the store, and whether it is the
-// probe. A call that may not gets the cause of the degraded decision.
-func (b *breaker) admit(now time.Time) (probe bool, cause error) {
+// probe. A call that may not gets the cause of the degraded decision. The
+// clock is read only if the breaker is not closed.
+func (b *breaker) admit(clock func() time.Time) (probe bool, cause error) {
 	if BreakerState(b.state.Load()) == BreakerClosed {
 		return false, nil
 	}
+	now := clock()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch BreakerState(b.state.Load()) {

@@ -37,7 +37,10 @@ func (s *Store) call(ctx context.Context, op Op, r *sluice.Request, probe bool) 
 			}
 		}()
 	}
-	start := s.now()
+	var start time.Time // read only for the hook: the clock can cost more than a memstore decision
+	if s.hooks.StoreCall != nil {
+		start = s.now()
+	}
 	var out outcome
 	if s.inline {
 		d, err, out = s.callInline(ctx, op, r)
