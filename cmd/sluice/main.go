@@ -1,6 +1,19 @@
-// Command sluice runs Sluice's tools. Subcommands:
+// Command sluice runs the Sluice rate-limit service and its tools.
+// Subcommands:
 //
+//	sluice serve [-config sluice.yaml] [-drain 10s]
+//	sluice config check sluice.yaml
 //	sluice simulate -limit "10 1/s" [-summary] < trace
+//
+// serve runs the service: the HTTP JSON API (docs/service.md) on
+// listen.http and Prometheus metrics on listen.admin, deciding in the
+// configured store behind a failure mode and a circuit breaker. Without a
+// config it runs the in-memory store and the policy "default" of "100 10/s".
+// SIGHUP reloads the policies (a bad config is refused and logged); SIGTERM
+// drops readiness and lets requests in flight finish.
+//
+// config check validates a config file (docs/config.md) and prints what
+// it would run, with warnings; it exits 2 if the file is not valid.
 //
 // simulate replays a trace through the in-memory store under a proposed
 // limit and prints every decision, so a limit can be tried on recorded
@@ -33,7 +46,9 @@ func main() {
 const usage = `usage: sluice <command> [flags]
 
 commands:
-  simulate   replay a trace of requests under a proposed limit
+  serve          run the rate-limit service (HTTP JSON API, metrics)
+  config check   validate a config file and print what it would run
+  simulate       replay a trace of requests under a proposed limit
 
 Run "sluice <command> -h" for a command's flags.`
 
@@ -46,6 +61,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return errUsage
 	}
 	switch args[0] {
+	case "serve":
+		return serve(ctx, args[1:], stdout, stderr)
+	case "config":
+		return configCommand(args[1:], stdout, stderr)
 	case "simulate":
 		return simulate(ctx, args[1:], stdin, stdout, stderr)
 	case "-h", "-help", "--help", "help":

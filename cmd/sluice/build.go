@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/guard"
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/service"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/pgstore"
+	"github.com/sluicehq/sluice/promstore"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// runtime is what a config runs: the store (raw, and wrapped in guard and
+// metrics), the core with its policies, the bearer tokens.
+type runtime struct {
+	path   string
+	cfg    config.Config
+	raw    sluice.Store
+	store  sluice.Store // promstore over guard over raw
+	core   *service.Core
+	tokens []string
+	ping   func(context.Context) error
+	closer []func() error
+
+	mu      sync.Mutex // serializes reloads
+	version prometheus.Gauge
+}
+
+// build opens the store of cfg, wraps it in guard and metrics registered on
+// reg, and builds the core of cfg's policies.
+func build(ctx context.Context, cfg config.Config, reg prometheus.Registerer, log *slog.Logger) (*runtime, error) {
+	rt := &runtime{cfg: cfg}
+	ok := false
+	defer func() {
+		if !ok {
+			rt.close()
+		}
+	}()
+	raw, ping, err := openStore(ctx, cfg, rt)
+	if err != nil {
+		return nil, err
+	}
+	rt.raw, rt.ping = raw, ping
+	g, err := guard.New(raw, guardOptions(cfg.Guard, log))
+	if err != nil {
+		return nil, fmt.Errorf("guard: %w", err)
+	}
+	ps, err := promstore.New(g, reg, promstore.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	rt.store = ps
+	table, err := policyTable(rt.store, cfg)
+	if err != nil {
+		return nil, err
+	}
+	shadow := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "sluice", Name: "shadow_denials_total",
+		Help: "Denials that a shadow policy allowed: what the policy would have denied.",
+	}, []string{"policy"})
+	unknown := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "sluice", Name: "unknown_policy_requests_total",
+		Help: "Requests naming a policy the config does not define.",
+	})
+	rt.version = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "sluice", Name: "config_info",
+		Help:        "The config in use: its version label is the hash of the file.",
+		ConstLabels: prometheus.Labels{"version": cfg.Version},
+	})
+	rt.version.Set(1)
+	if err := registerAll(reg, shadow, unknown); err != nil {
+		return nil, err
+	}
+	reg.MustRegister(versionCollector{rt})
+	rt.core, err = service.New(rt.store, table, service.Hooks{
+		ShadowDenied:  func(p string) { shadow.WithLabelValues(p).Inc() },
+		UnknownPolicy: unknown.Inc,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if rt.tokens, err = tokens(cfg.Auth); err != nil {
+		return nil, err
+	}
+	ok = true
+	return rt, nil
+}
+
+func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+	}
+	return nil
+}
+
+// versionCollector exports the config_info gauge of the config in use,
+// which a reload replaces.
+type versionCollector struct{ rt *runtime }
+
+func (v versionCollector) Describe(ch chan<- *prometheus.Desc) {
+	prometheus.DescribeByCollect(v, ch)
+}
+
+func (v versionCollector) Collect(ch chan<- prometheus.Metric) {
+	v.rt.mu.Lock()
+	g := v.rt.version
+	v.rt.mu.Unlock()
+	ch <- g
+}
+
+// policyTable turns cfg's policies into the core's, checked against store.
+func policyTable(store sluice.Store, cfg config.Config) (*service.Table, error) {
+	var policies []service.Policy
+	var errs []error
+	for _, p := range cfg.Policies {
+		if len(p.Limits) != 1 {
+			errs = append(errs, fmt.Errorf("%w: policy %q: %d limits decided together are not supported by this version of sluice serve; give one limit",
+				sluice.ErrInvalidOption, p.Name, len(p.Limits)))
+			continue
+		}
+		policies = append(policies, service.Policy{Name: p.Name, Limit: p.Limits[0], Shadow: p.Shadow})
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return service.NewTable(store, cfg.Version, policies)
+}
+
+// reload reads the config again and, if it is valid, replaces the policies.
+// A bad config is refused and logged; the old one keeps serving. Settings
+// other than the policies take effect at the next start.
+func (rt *runtime) reload(ctx context.Context, path string, log *slog.Logger) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if path == "" {
+		log.Info("reload: no config file; nothing to reload")
+		return
+	}
+	cfg, err := config.Load(path)
+	if err == nil {
+		var table *service.Table
+		if table, err = policyTable(rt.store, cfg); err == nil {
+			if cfg.Version == rt.cfg.Version {
+				log.Info("reload: config unchanged", "version", cfg.Version)
+				return
+			}
+			if restart := restartNeeded(rt.cfg, cfg); len(restart) > 0 {
+				log.Warn("reload: these settings change only at the next start", "settings", strings.Join(restart, ", "))
+			}
+			rt.core.SetTable(table)
+			rt.version = prometheus.NewGauge(prometheus.GaugeOpts{
+				Namespace: "sluice", Name: "config_info",
+				Help:        "The config in use: its version label is the hash of the file.",
+				ConstLabels: prometheus.Labels{"version": cfg.Version},
+			})
+			rt.version.Set(1)
+			log.Info("reload: new config in use", "version", cfg.Version, "previous", rt.cfg.Version, "policies", len(cfg.Policies))
+			rt.cfg.Policies, rt.cfg.Version = cfg.Policies, cfg.Version
+			return
+		}
+	}
+	log.Error("reload: config refused; the previous one keeps serving", "version", rt.cfg.Version, "error", err)
+}
+
+// restartNeeded names the settings of next that differ from cur other than
+// the policies.
+func restartNeeded(cur, next config.Config) []string {
+	var out []string
+	if fmt.Sprint(cur.Listen) != fmt.Sprint(next.Listen) {
+		out = append(out, "listen")
+	}
+	if fmt.Sprint(cur.Auth) != fmt.Sprint(next.Auth) {
+		out = append(out, "auth")
+	}
+	if fmt.Sprint(cur.Store) != fmt.Sprint(next.Store) {
+		out = append(out, "store")
+	}
+	if fmt.Sprint(cur.Guard) != fmt.Sprint(next.Guard) {
+		out = append(out, "guard")
+	}
+	return out
+}
+
+func (rt *runtime) close() {
+	for i := len(rt.closer) - 1; i >= 0; i-- {
+		rt.closer[i]() //nolint:errcheck // shutting down
+	}
+	rt.closer = nil
+}
+
+// openStore opens the store cfg names and a check that it answers.
+func openStore(ctx context.Context, cfg config.Config, rt *runtime) (sluice.Store, func(context.Context) error, error) {
+	s := cfg.Store
+	switch s.Type {
+	case config.StoreMemory:
+		overflow := memstore.RefuseNew
+		if s.Memory.Overflow == config.OverflowEvictLRU {
+			overflow = memstore.EvictLRU
+		}
+		st, err := memstore.New(memstore.Options{
+			MaxKeys:       s.Memory.MaxKeys,
+			Overflow:      overflow,
+			MaxRequestIDs: s.Memory.MaxRequestIDs,
+			OnLimitChange: s.OnLimitChange,
+			RequestIDTTL:  s.RequestIDTTL,
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("store.memory: %w", err)
+		}
+		rt.closer = append(rt.closer, st.Close)
+		return st, func(context.Context) error { return nil }, nil
+
+	case config.StoreRedis:
+		client, err := redisClient(s.Redis)
+		if err != nil {
+			return nil, nil, fmt.Errorf("store.redis: %w", err)
+		}
+		rt.closer = append(rt.closer, client.Close)
+		st, err := redisstore.New(client, redisstore.Options{
+			Prefix:        s.Redis.Prefix,
+			OnLimitChange: s.OnLimitChange,
+			RequestIDTTL:  s.RequestIDTTL,
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("store.redis: %w", err)
+		}
+		return st, func(ctx context.Context) error { return client.Ping(ctx).Err() }, nil
+
+	case config.StorePostgres:
+		pc, err := pgxpool.ParseConfig(s.Postgres.URL.Value())
+		if err != nil {
+			return nil, nil, fmt.Errorf("store.postgres.url: %w", errors.New("not a valid PostgreSQL URL")) // the driver's message may show the password
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, pc)
+		if err != nil {
+			return nil, nil, fmt.Errorf("store.postgres: %w", err)
+		}
+		rt.closer = append(rt.closer, func() error { pool.Close(); return nil })
+		st, err := pgstore.New(ctx, pool, pgstore.Options{
+			Schema:        s.Postgres.Schema,
+			Table:         s.Postgres.Table,
+			OnLimitChange: s.OnLimitChange,
+			RequestIDTTL:  s.RequestIDTTL,
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("store.postgres: %w", err)
+		}
+		rt.closer = append(rt.closer, st.Close)
+		return st, pool.Ping, nil
+	}
+	return nil, nil, fmt.Errorf("%w: store.type %q", sluice.ErrInvalidOption, s.Type)
+}
+
+// redisClient returns the go-redis client of r, configured so that every
+// call keeps the caller's deadline and nothing is retried behind its back.
+func redisClient(r config.RedisStore) (redis.UniversalClient, error) {
+	password := ""
+	if r.PasswordEnv != "" {
+		password = os.Getenv(r.PasswordEnv)
+	}
+	var tlsConfig *tls.Config
+	if r.TLS {
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	switch {
+	case !r.URL.IsZero():
+		o, err := redis.ParseURL(r.URL.Value())
+		if err != nil {
+			return nil, errors.New("url is not a valid Redis URL") // the parser's message may show the password
+		}
+		if r.Username != "" {
+			o.Username = r.Username
+		}
+		if password != "" {
+			o.Password = password
+		}
+		if tlsConfig != nil && o.TLSConfig == nil {
+			o.TLSConfig = tlsConfig
+		}
+		o.ContextTimeoutEnabled, o.MaxRetries = true, -1
+		return redis.NewClient(o), nil
+	case len(r.Cluster) > 0:
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: r.Cluster, Username: r.Username, Password: password, TLSConfig: tlsConfig,
+			ContextTimeoutEnabled: true, MaxRetries: -1,
+		}), nil
+	default:
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName: r.Sentinel.Master, SentinelAddrs: r.Sentinel.Addrs,
+			Username: r.Username, Password: password, TLSConfig: tlsConfig,
+			ContextTimeoutEnabled: true, MaxRetries: -1,
+		}), nil
+	}
+}
+
+// guardOptions maps the config's guard section onto guard.Options: a
+// breaker trigger of 0 in the config turns it off, which guard spells -1.
+func guardOptions(g config.Guard, log *slog.Logger) guard.Options {
+	mode := guard.FailLocal
+	switch g.FailureMode {
+	case config.FailClosed:
+		mode = guard.FailClosed
+	case config.FailOpen:
+		mode = guard.FailOpen
+	}
+	off := func(n int) int {
+		if n == 0 {
+			return -1
+		}
+		return n
+	}
+	return guard.Options{
+		FailureMode:         mode,
+		LocalDivisor:        g.LocalDivisor,
+		LocalMaxKeys:        g.LocalMaxKeys,
+		Timeout:             g.Timeout,
+		ConsecutiveFailures: off(g.Breaker.ConsecutiveFailures),
+		FailurePercent:      off(g.Breaker.FailurePercent),
+		Window:              g.Breaker.Window,
+		MinCalls:            g.Breaker.MinCalls,
+		ProbeInterval:       g.Breaker.ProbeInterval,
+		// One line per change of the breaker, not per degraded decision:
+		// an outage must not flood the log (the metrics count each one).
+		Hooks: guard.Hooks{
+			BreakerChange: func(from, to guard.BreakerState) {
+				log.Warn("store circuit breaker", "from", from.String(), "to", to.String(), "failure_mode", mode.String())
+			},
+		},
+	}
+}
+
+// tokens reads the bearer tokens the auth section names.
+func tokens(a config.Auth) ([]string, error) {
+	var text string
+	switch {
+	case a.BearerTokensFile != "":
+		b, err := os.ReadFile(a.BearerTokensFile)
+		if err != nil {
+			return nil, fmt.Errorf("auth.bearer_tokens_file: %w", err)
+		}
+		text = string(b)
+	case a.BearerTokensEnv != "":
+		v, ok := os.LookupEnv(a.BearerTokensEnv)
+		if !ok {
+			return nil, fmt.Errorf("%w: auth.bearer_tokens_env: the variable %s is not set", sluice.ErrInvalidOption, a.BearerTokensEnv)
+		}
+		text = v
+	default:
+		return nil, nil
+	}
+	ts, err := config.ParseTokens(text)
+	if err != nil {
+		return nil, fmt.Errorf("auth: %w", err)
+	}
+	return ts, nil
+}

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/pgstore"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// configCommand runs "sluice config check FILE".
+func configCommand(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "check" {
+		fmt.Fprintln(stderr, "usage: sluice config check FILE")
+		return errors.New(`config: the only subcommand is "check"`)
+	}
+	fs := flag.NewFlagSet("config check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("config check takes one file, got %d arguments", fs.NArg())
+	}
+	cfg, err := config.Load(fs.Arg(0))
+	if err != nil {
+		for _, e := range config.Errors(err) {
+			fmt.Fprintln(stderr, e)
+		}
+		if len(config.Errors(err)) == 0 {
+			fmt.Fprintln(stderr, err)
+		}
+		return fmt.Errorf("%s is not a valid config", fs.Arg(0))
+	}
+	if _, err := policyTable(exactness(cfg.Store.Type), cfg); err != nil {
+		fmt.Fprintln(stderr, err)
+		return fmt.Errorf("%s is not a valid config", fs.Arg(0))
+	}
+	if err := cfg.Describe(stdout); err != nil {
+		return err
+	}
+	for _, w := range cfg.Warnings() {
+		fmt.Fprintln(stdout, "warning:", w)
+	}
+	return nil
+}
+
+// exactness returns a store of the given type that can only check limits:
+// the shared stores' CheckLimit reads none of the store's state, so an
+// unconnected value answers for every instance.
+func exactness(t config.StoreType) sluice.Store {
+	switch t {
+	case config.StoreRedis:
+		return (*redisstore.Store)(nil)
+	case config.StorePostgres:
+		return (*pgstore.Store)(nil)
+	}
+	return nil
+}

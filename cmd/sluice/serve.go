@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/httpapi"
+)
+
+// Timeouts of the HTTP servers: a slow or stalled client cannot hold a
+// connection or a goroutine for longer.
+const (
+	readHeaderTimeout = 5 * time.Second
+	readTimeout       = 10 * time.Second
+	writeTimeout      = 10 * time.Second
+	idleTimeout       = 2 * time.Minute
+	maxHeaderBytes    = 16 << 10
+)
+
+// serve runs the service until ctx ends or a SIGTERM or SIGINT arrives,
+// reloading the policies on SIGHUP.
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "the YAML config file (docs/config.md); none: the in-memory store and the policy \"default\" of \"100 10/s\"")
+	drain := fs.Duration("drain", 10*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("serve takes no arguments, got %q", fs.Args())
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	for _, w := range cfg.Warnings() {
+		log.Warn("config", "warning", w)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	rt, err := build(ctx, cfg, reg, log)
+	if err != nil {
+		return err
+	}
+	defer rt.close()
+
+	var ready atomic.Bool
+	api, err := httpapi.New(rt.core, httpapi.Options{
+		Tokens:       rt.tokens,
+		Logger:       log,
+		Ready:        readiness(&ready, rt),
+		MaxBodyBytes: 0,
+	})
+	if err != nil {
+		return err
+	}
+	admin := http.NewServeMux()
+	admin.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	admin.Handle("GET /healthz", api)
+	admin.Handle("GET /readyz", api)
+
+	apiLn, err := net.Listen("tcp", cfg.Listen.HTTP)
+	if err != nil {
+		return fmt.Errorf("listen.http: %w", err)
+	}
+	adminLn, err := net.Listen("tcp", cfg.Listen.Admin)
+	if err != nil {
+		apiLn.Close()
+		return fmt.Errorf("listen.admin: %w", err)
+	}
+	servers := []*http.Server{newServer(api, log), newServer(admin, log)}
+	listeners := []net.Listener{apiLn, adminLn}
+	served := make(chan error, len(servers))
+	for i, srv := range servers {
+		go func() { served <- srv.Serve(listeners[i]) }()
+	}
+	ready.Store(true)
+	announce(stdout, cfg, rt, apiLn.Addr(), adminLn.Addr())
+
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(signals)
+	for {
+		select {
+		case sig := <-signals:
+			if sig == syscall.SIGHUP {
+				rt.reload(ctx, *path, log)
+				continue
+			}
+			log.Info("shutting down", "signal", sig.String(), "drain", drain.String())
+		case <-ctx.Done():
+			log.Info("shutting down", "reason", context.Cause(ctx).Error(), "drain", drain.String())
+		case err := <-served:
+			return fmt.Errorf("server stopped: %w", err)
+		}
+		break
+	}
+	// Readiness drops first, so that load balancers stop sending; the
+	// requests in flight then have the drain time to finish.
+	ready.Store(false)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), *drain)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, len(servers))
+	for i, srv := range servers {
+		wg.Go(func() { errs[i] = srv.Shutdown(sctx) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func newServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+// loadConfig reads the config file, or returns the default config.
+func loadConfig(path string) (config.Config, error) {
+	if path == "" {
+		return config.Default(), nil
+	}
+	return config.Load(path)
+}
+
+// readiness reports ready while the server is not shutting down and the
+// store answers.
+func readiness(ready *atomic.Bool, rt *runtime) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if !ready.Load() {
+			return errors.New("shutting down")
+		}
+		return rt.ping(ctx)
+	}
+}
+
+// announce prints where the service listens and how to try it.
+func announce(w io.Writer, cfg config.Config, rt *runtime, api, admin net.Addr) {
+	fmt.Fprintf(w, "sluice: serving the HTTP API on http://%s and metrics on http://%s/metrics\n", api, admin)
+	fmt.Fprintf(w, "sluice: config %s, %s store, %d %s:\n", describeSource(rt.path), cfg.Store.Type, len(cfg.Policies), plural(len(cfg.Policies), "policy", "policies"))
+	for _, p := range cfg.Policies {
+		limits := make([]string, len(p.Limits))
+		for i, l := range p.Limits {
+			limits[i] = fmt.Sprintf("%q", l.String())
+		}
+		shadow := ""
+		if p.Shadow {
+			shadow = " (shadow)"
+		}
+		fmt.Fprintf(w, "  %s: %s%s\n", p.Name, strings.Join(limits, " and "), shadow)
+	}
+	if len(cfg.Policies) > 0 {
+		host := "127.0.0.1"
+		if a, ok := api.(*net.TCPAddr); ok && !a.IP.IsUnspecified() {
+			host = a.IP.String()
+		}
+		port := "8080"
+		if a, ok := api.(*net.TCPAddr); ok {
+			port = fmt.Sprint(a.Port)
+		}
+		auth := ""
+		if cfg.Auth.Enabled() {
+			auth = ` -H "Authorization: Bearer $TOKEN"`
+		}
+		fmt.Fprintf(w, "try: curl -s%s -X POST http://%s/v1/take -d '{\"policy\":%q,\"key\":\"me\"}'\n",
+			auth, net.JoinHostPort(host, port), cfg.Policies[0].Name)
+	}
+}
+
+func describeSource(path string) string {
+	if path == "" {
+		return "built-in default"
+	}
+	return path
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
