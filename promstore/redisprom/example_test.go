@@ -33,5 +33,6 @@ func Example() {
 		fmt.Println(mf.GetName(), mf.GetMetric()[0].GetCounter().GetValue())
 	}
 	// Output:
+	// sluice_redisstore_conversions_total 0
 	// sluice_redisstore_script_loads_total 0
 }

@@ -30,6 +30,11 @@ import (
 //     that server, a restart, a failover, SCRIPT FLUSH) and the store sent
 //     it in full with EVAL.
 //
+//   - <ns>_redisstore_conversions_total: counter of the takes that found
+//     their bucket stored under another limit of the same policy and
+//     converted it. A steady rate with no config change means processes
+//     disagree on a policy's limit, and each converts the others' buckets.
+//
 // <ns> is o.Namespace (default promstore.DefaultNamespace, "sluice"), and
 // o.ConstLabels are added to the metric; the other fields of o are not
 // used. One load per server after a deploy, a restart or a failover is
@@ -56,21 +61,27 @@ func Register(reg prometheus.Registerer, o promstore.Options, stats func() redis
 		loads: prometheus.NewDesc(prometheus.BuildFQName(ns, "redisstore", "script_loads_total"),
 			"Times a Redis server did not have the decision script cached (first use, restart, failover, SCRIPT FLUSH) and the store sent it in full with EVAL.",
 			nil, o.ConstLabels),
+		conversions: prometheus.NewDesc(prometheus.BuildFQName(ns, "redisstore", "conversions_total"),
+			"Takes that converted a bucket stored under another limit of the same policy; a steady rate means processes disagree on a limit.",
+			nil, o.ConstLabels),
 	})
 }
 
 // collector exports redisstore.Stats as constant metrics, read at scrape
 // time.
 type collector struct {
-	stats func() redisstore.Stats
-	loads *prometheus.Desc
+	stats       func() redisstore.Stats
+	loads       *prometheus.Desc
+	conversions *prometheus.Desc
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.loads
+	ch <- c.conversions
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	st := c.stats()
 	ch <- prometheus.MustNewConstMetric(c.loads, prometheus.CounterValue, float64(st.ScriptLoads))
+	ch <- prometheus.MustNewConstMetric(c.conversions, prometheus.CounterValue, float64(st.Conversions))
 }

@@ -63,17 +63,38 @@ func TestScriptLoads(t *testing.T) {
 sluice_redisstore_script_loads_total{store="redis"} %d
 `, n)
 	}
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want(0))); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want(0)), "sluice_redisstore_script_loads_total"); err != nil {
 		t.Errorf("a new store: %v", err)
 	}
 	if err := c.ScriptFlush(t.Context()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rs.Take(t.Context(), sluice.Request{Key: "k", Cost: 1, Limit: limit}); err != nil {
+	if _, err := rs.Take(t.Context(), sluice.Request{Policy: "p", Key: "k", Cost: 1, Limit: limit}); err != nil {
 		t.Fatalf("Take after SCRIPT FLUSH: %v", err)
 	}
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want(1))); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want(1)), "sluice_redisstore_script_loads_total"); err != nil {
 		t.Errorf("after SCRIPT FLUSH and a take: %v", err)
+	}
+}
+
+// TestConversions counts the takes that converted a bucket stored under
+// another limit of the same policy.
+func TestConversions(t *testing.T) {
+	c := redistest.Client(t)
+	rs, _ := newRedisstore(t, c)
+	reg := prometheus.NewRegistry()
+	if err := redisprom.Register(reg, promstore.Options{}, rs.Stats); err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	other := sluice.Limit{Capacity: limit.Capacity + 1, Rate: limit.Rate}
+	for _, l := range []sluice.Limit{limit, limit, other, limit} {
+		if _, err := rs.Take(ctx, sluice.Request{Policy: "p", Key: "k", Cost: 1, Limit: l}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := promtest.Value(t, reg, "sluice_redisstore_conversions_total", nil); got != 2 {
+		t.Errorf("sluice_redisstore_conversions_total = %v, want 2 (two changes of limit)", got)
 	}
 }
 
@@ -90,9 +111,9 @@ func TestNamespace(t *testing.T) {
 	}
 }
 
-// TestScriptErrorKind: a take that makes the script fail (a foreign value
-// at the bucket's key) is counted by promstore.New as an error of kind
-// "script".
+// TestScriptErrorKind: a take that makes the script fail on a foreign value
+// at the bucket's key is a deployment mistake, counted by promstore.New as
+// an error of kind "misconfigured", not as an outage.
 func TestScriptErrorKind(t *testing.T) {
 	c := redistest.Client(t)
 	rs, prefix := newRedisstore(t, c)
@@ -102,7 +123,7 @@ func TestScriptErrorKind(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	if _, err := s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: limit}); err != nil {
+	if _, err := s.Take(ctx, sluice.Request{Policy: "p", Key: "k", Cost: 1, Limit: limit}); err != nil {
 		t.Fatal(err)
 	}
 	keys, err := c.Keys(ctx, prefix+"*").Result()
@@ -115,16 +136,18 @@ func TestScriptErrorKind(t *testing.T) {
 	if err := c.RPush(ctx, keys[0], "foreign").Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Take(ctx, sluice.Request{Key: "k", Cost: 1, Limit: limit})
-	if got := promstore.Kind(err); got != promstore.KindScript {
-		t.Errorf("Kind(%v) = %q, want %q", err, got, promstore.KindScript)
+	_, err = s.Take(ctx, sluice.Request{Policy: "p", Key: "k", Cost: 1, Limit: limit})
+	if got := promstore.Kind(err); got != promstore.KindMisconfigured {
+		t.Errorf("Kind(%v) = %q, want %q", err, got, promstore.KindMisconfigured)
 	}
 	for _, tt := range []struct {
 		kind string
 		want float64
 	}{
-		{promstore.KindScript, 1},
+		{promstore.KindMisconfigured, 1},
+		{promstore.KindScript, 0},
 		{promstore.KindServer, 0},
+		{promstore.KindUnavailable, 0},
 		{promstore.KindOther, 0},
 	} {
 		if got := promtest.Value(t, reg, "sluice_errors_total", map[string]string{"op": "take", "kind": tt.kind}); got != tt.want {
