@@ -43,9 +43,9 @@ func (s *Store) call(ctx context.Context, op Op, r *sluice.Request, probe bool) 
 	}
 	var out outcome
 	if s.inline {
-		d, err, out = s.callInline(ctx, op, r)
+		d, out, err = s.callInline(ctx, op, r)
 	} else {
-		d, err, out = s.callAsync(ctx, op, r)
+		d, out, err = s.callAsync(ctx, op, r)
 	}
 	end := s.now()
 
@@ -78,22 +78,22 @@ func (s *Store) invoke(ctx context.Context, op Op, r *sluice.Request) (sluice.De
 
 // callInline calls a NonBlocking store on the caller's goroutine, with the
 // caller's context.
-func (s *Store) callInline(ctx context.Context, op Op, r *sluice.Request) (sluice.Decision, error, outcome) {
+func (s *Store) callInline(ctx context.Context, op Op, r *sluice.Request) (sluice.Decision, outcome, error) {
 	d, err := s.invoke(ctx, op, r)
 	switch {
 	case err == nil || isAnswer(err):
-		return d, err, answered
+		return d, answered, err
 	case ctx.Err() != nil:
-		return sluice.Decision{}, ctx.Err(), callerGone
+		return sluice.Decision{}, callerGone, ctx.Err()
 	}
-	return d, err, failed
+	return d, failed, err
 }
 
 // callAsync calls the store on a goroutine of its own and waits for it
 // until the earlier of the caller's deadline and the guard's; at that
 // moment it stops waiting, and the call, if still running, is abandoned
 // (counted in s.stalled until it returns).
-func (s *Store) callAsync(ctx context.Context, op Op, r *sluice.Request) (sluice.Decision, error, outcome) {
+func (s *Store) callAsync(ctx context.Context, op Op, r *sluice.Request) (sluice.Decision, outcome, error) {
 	deadline := time.Now().Add(s.timeout)
 	callerDeadline, callerFirst := ctx.Deadline()
 	callerFirst = callerFirst && !deadline.Before(callerDeadline)
@@ -126,9 +126,9 @@ func (s *Store) callAsync(ctx context.Context, op Op, r *sluice.Request) (sluice
 		if c.state.CompareAndSwap(running, abandoned) {
 			// The store has not returned: answer now, without it.
 			if ctx.Err() != nil || callerFirst {
-				return sluice.Decision{}, callerErr(ctx), callerGone
+				return sluice.Decision{}, callerGone, callerErr(ctx)
 			}
-			return sluice.Decision{}, fmt.Errorf("%w (%v): the store had not returned: %w", ErrTimeout, s.timeout, context.DeadlineExceeded), failed
+			return sluice.Decision{}, failed, fmt.Errorf("%w (%v): the store had not returned: %w", ErrTimeout, s.timeout, context.DeadlineExceeded)
 		}
 		s.stalled.Add(-1) // it returned meanwhile: its result is in c
 		<-c.done
@@ -138,7 +138,7 @@ func (s *Store) callAsync(ctx context.Context, op Op, r *sluice.Request) (sluice
 		panic(c.pv)
 	}
 	if err == nil || isAnswer(err) {
-		return d, err, answered
+		return d, answered, err
 	}
 	// The store failed. Whose deadline, if any, had passed when it did?
 	// (A socket deadline set from the context fires at the same moment as
@@ -146,11 +146,11 @@ func (s *Store) callAsync(ctx context.Context, op Op, r *sluice.Request) (sluice
 	now := time.Now()
 	switch {
 	case ctx.Err() != nil, callerFirst && !now.Before(callerDeadline):
-		return sluice.Decision{}, callerErr(ctx), callerGone
+		return sluice.Decision{}, callerGone, callerErr(ctx)
 	case !callerFirst && (storeCtx.Err() != nil || !now.Before(deadline)):
-		return sluice.Decision{}, fmt.Errorf("%w (%v): %w", ErrTimeout, s.timeout, err), failed
+		return sluice.Decision{}, failed, fmt.Errorf("%w (%v): %w", ErrTimeout, s.timeout, err)
 	}
-	return d, err, failed
+	return d, failed, err
 }
 
 // callerErr returns the error of the caller's context, which has ended or
