@@ -71,15 +71,19 @@ type sluiceLimiter struct {
 }
 
 func newSluice(tb testing.TB, s shape) limiter {
+	store, err := memstore.New(memstore.Options{MaxKeys: maxKeys})
+	if err != nil {
+		tb.Fatalf("sluice: memstore.New: %v", err)
+	}
 	return &sluiceLimiter{
-		store: memstore.New(memstore.Options{MaxKeys: maxKeys}),
+		store: store,
 		limit: sluice.Limit{Capacity: capacity, Rate: sluice.PerSecond(s.perSecond)},
 		tb:    tb,
 	}
 }
 
 func (l *sluiceLimiter) take(key string) bool {
-	d, err := l.store.Take(context.Background(), sluice.Request{Key: key, Cost: 1, Limit: l.limit})
+	d, err := l.store.Take(context.Background(), sluice.Request{Policy: "bench", Key: key, Cost: 1, Limit: l.limit})
 	if err != nil {
 		l.tb.Errorf("sluice: Take(%q) = %v", key, err)
 	}
