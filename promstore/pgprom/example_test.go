@@ -40,6 +40,7 @@ func Example() {
 		fmt.Println(mf.GetName(), mf.GetMetric()[0].GetCounter().GetValue())
 	}
 	// Output:
+	// sluice_pgstore_conversions_total 0
 	// sluice_pgstore_lock_timeouts_total 0
 	// sluice_pgstore_lock_wait_seconds_total 0
 	// sluice_pgstore_lock_waits_total 0

@@ -42,6 +42,10 @@ import (
 //     gave up at pgstore.Options.LockTimeout; each returned an error
 //     wrapping sluice.ErrUnavailable, and its wait is not in
 //     lock_wait_seconds_total.
+//   - <ns>_pgstore_conversions_total: counter of the takes that found
+//     their bucket stored under another limit of the same policy and
+//     converted it; a steady rate with no config change means processes
+//     disagree on a policy's limit.
 //
 // <ns> is o.Namespace (default promstore.DefaultNamespace, "sluice"), and
 // o.ConstLabels are added to every metric; the other fields of o are not
@@ -80,6 +84,8 @@ func Register(reg prometheus.Registerer, o promstore.Options, stats func() pgsto
 			"Decisions of the PostgreSQL store that waited for a bucket's row lock, then decided."),
 		lockTimeouts: desc("lock_timeouts_total",
 			"Decisions of the PostgreSQL store that gave up waiting for a bucket's row lock at the lock timeout."),
+		conversions: desc("conversions_total",
+			"Takes of the PostgreSQL store that converted a bucket stored under another limit of the same policy; a steady rate means processes disagree on a limit."),
 	})
 }
 
@@ -88,6 +94,7 @@ func Register(reg prometheus.Registerer, o promstore.Options, stats func() pgsto
 type collector struct {
 	stats                                                                  func() pgstore.Stats
 	sweptBuckets, sweptIDs, sweepErrors, lockWait, lockWaits, lockTimeouts *prometheus.Desc
+	conversions                                                            *prometheus.Desc
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -97,6 +104,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.lockWait
 	ch <- c.lockWaits
 	ch <- c.lockTimeouts
+	ch <- c.conversions
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -107,4 +115,5 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.lockWait, prometheus.CounterValue, st.LockWaitSeconds)
 	ch <- prometheus.MustNewConstMetric(c.lockWaits, prometheus.CounterValue, float64(st.LockWaits))
 	ch <- prometheus.MustNewConstMetric(c.lockTimeouts, prometheus.CounterValue, float64(st.LockTimeouts))
+	ch <- prometheus.MustNewConstMetric(c.conversions, prometheus.CounterValue, float64(st.Conversions))
 }

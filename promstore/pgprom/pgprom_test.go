@@ -115,12 +115,16 @@ func TestStats(t *testing.T) {
 			LockWaitSeconds: 1.5,
 			LockWaits:       12,
 			LockTimeouts:    4,
+			Conversions:     5,
 		}
 	}
 	if err := pgprom.Register(reg, promstore.Options{Namespace: "app", ConstLabels: prometheus.Labels{"store": "pg"}}, stats); err != nil {
 		t.Fatal(err)
 	}
 	err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP app_pgstore_conversions_total Takes of the PostgreSQL store that converted a bucket stored under another limit of the same policy; a steady rate means processes disagree on a limit.
+# TYPE app_pgstore_conversions_total counter
+app_pgstore_conversions_total{store="pg"} 5
 # HELP app_pgstore_lock_timeouts_total Decisions of the PostgreSQL store that gave up waiting for a bucket's row lock at the lock timeout.
 # TYPE app_pgstore_lock_timeouts_total counter
 app_pgstore_lock_timeouts_total{store="pg"} 4
