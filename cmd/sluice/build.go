@@ -142,22 +142,33 @@ func policyTable(store sluice.Store, cfg config.Config) (*service.Table, error) 
 	return service.NewTable(store, cfg.Version, policies)
 }
 
+// What started a reload.
+const (
+	reloadOnSignal = "SIGHUP"
+	reloadOnChange = "file change"
+)
+
 // reload reads the config again and, if it is valid, replaces the policies.
 // A bad config is refused and logged; the old one keeps serving. Settings
-// other than the policies take effect at the next start.
-func (rt *runtime) reload(ctx context.Context, path string, log *slog.Logger) {
+// other than the policies take effect at the next start. trigger says what
+// asked for the reload: a file change that left the file's content as it
+// was (another file of the directory changed) is not logged.
+func (rt *runtime) reload(path string, log *slog.Logger, trigger string) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	if path == "" {
 		log.Info("reload: no config file; nothing to reload")
 		return
 	}
+	log = log.With("trigger", trigger)
 	cfg, err := config.Load(path)
 	if err == nil {
 		var table *service.Table
 		if table, err = policyTable(rt.store, cfg); err == nil {
 			if cfg.Version == rt.cfg.Version {
-				log.Info("reload: config unchanged", "version", cfg.Version)
+				if trigger != reloadOnChange {
+					log.Info("reload: config unchanged", "version", cfg.Version)
+				}
 				return
 			}
 			if restart := restartNeeded(rt.cfg, cfg); len(restart) > 0 {

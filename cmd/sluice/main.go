@@ -1,7 +1,7 @@
 // Command sluice runs the Sluice rate-limit service and its tools.
 // Subcommands:
 //
-//	sluice serve [-config sluice.yaml] [-drain 10s]
+//	sluice serve [-config sluice.yaml] [-drain 10s] [-watch=true]
 //	sluice config check sluice.yaml
 //	sluice simulate -limit "10 1/s" [-summary] < trace
 //
@@ -9,8 +9,10 @@
 // listen.http and Prometheus metrics on listen.admin, deciding in the
 // configured store behind a failure mode and a circuit breaker. Without a
 // config it runs the in-memory store and the policy "default" of "100 10/s".
-// SIGHUP reloads the policies (a bad config is refused and logged); SIGTERM
-// drops readiness and lets requests in flight finish.
+// SIGHUP, and a change of the config file (its directory is watched, so a
+// Kubernetes ConfigMap's symlink swap is seen), reload the policies (a bad
+// config is refused and logged); SIGTERM drops readiness and lets requests
+// in flight finish.
 //
 // config check validates a config file (docs/config.md) and prints what
 // it would run, with warnings; it exits 2 if the file is not valid.

@@ -42,6 +42,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "the YAML config file (docs/config.md); none: the in-memory store and the policy \"default\" of \"100 10/s\"")
 	drain := fs.Duration("drain", 10*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
+	watch := fs.Bool("watch", true, "reload the config when its file changes (the file's directory is watched), as well as on SIGHUP")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -101,11 +102,22 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(signals)
+	if *watch && *path != "" {
+		wctx, stopWatch := context.WithCancel(ctx)
+		watched, err := watchConfig(wctx, *path, log, func() { rt.reload(*path, log, reloadOnChange) })
+		if err != nil {
+			// The service runs; SIGHUP still reloads.
+			log.Warn("config file changes are not watched; reload with SIGHUP", "error", err)
+			stopWatch()
+		} else {
+			defer func() { stopWatch(); <-watched }()
+		}
+	}
 	for {
 		select {
 		case sig := <-signals:
 			if sig == syscall.SIGHUP {
-				rt.reload(ctx, *path, log)
+				rt.reload(*path, log, reloadOnSignal)
 				continue
 			}
 			log.Info("shutting down", "signal", sig.String(), "drain", drain.String())
