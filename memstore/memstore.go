@@ -140,7 +140,10 @@ type shard struct {
 	// plans holds the policies and limits of the shard's buckets, the
 	// limits compiled.
 	plans map[planKey]*planRef // nil until the first bucket
-	ids   idMemory
+	// lastPlan is the record acquire returned last, if still in use: most
+	// shards see one policy and limit, and a match spares the map lookup.
+	lastPlan *planRef
+	ids      idMemory
 
 	_ [64]byte // keep neighbouring shards' locks off one cache line
 }
@@ -295,8 +298,13 @@ type planRef struct {
 // acquire returns the shard's planRef for policy p and limit l, making it
 // if no bucket of the shard has them yet, and counts one more user.
 func (sh *shard) acquire(p policyName, l sluice.Limit) (*planRef, error) {
+	if pr := sh.lastPlan; pr != nil && pr.policy.is(p) && pr.plan.Limit() == l {
+		pr.refs++
+		return pr, nil
+	}
 	if pr := sh.plans[planKey{p.name, l}]; pr != nil {
 		pr.refs++
+		sh.lastPlan = pr
 		return pr, nil
 	}
 	plan, err := bucket.NewPlan(l, time.Nanosecond)
@@ -309,6 +317,7 @@ func (sh *shard) acquire(p policyName, l sluice.Limit) (*planRef, error) {
 	p.name = strings.Clone(p.name)
 	pr := &planRef{plan: plan, policy: p, refs: 1}
 	sh.plans[planKey{p.name, l}] = pr
+	sh.lastPlan = pr
 	return pr, nil
 }
 
@@ -316,6 +325,9 @@ func (sh *shard) acquire(p policyName, l sluice.Limit) (*planRef, error) {
 func (sh *shard) release(pr *planRef) {
 	if pr.refs--; pr.refs == 0 {
 		delete(sh.plans, planKey{pr.policy.name, pr.plan.Limit()})
+		if sh.lastPlan == pr {
+			sh.lastPlan = nil
+		}
 	}
 }
 
