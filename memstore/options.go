@@ -85,8 +85,9 @@ type Options struct {
 	// many keys, fail every other client's idempotent requests; forgetting
 	// costs only idempotency, and only for a retry that comes late: it is
 	// decided afresh, and charged again if allowed. If EvictedRequestIDs
-	// grows, raise MaxRequestIDs (about 150 bytes per ID, plus the key and
-	// ID bytes) or lower RequestIDTTL so that the IDs of one TTL fit.
+	// grows, raise MaxRequestIDs (about 200 bytes per ID, plus its policy,
+	// key and ID bytes) or lower RequestIDTTL, so that the IDs of one TTL
+	// fit.
 	MaxRequestIDs int
 	// SweepInterval is how often a background goroutine drops full
 	// buckets and expired request IDs (SweepNow). Zero means
