@@ -2,6 +2,7 @@
 // Subcommands:
 //
 //	sluice serve [-config sluice.yaml] [-drain 10s] [-watch=true]
+//	sluice take POLICY KEY [-cost N] [-request-id ID] [-server URL] [-token-env VAR] [-json]
 //	sluice config check sluice.yaml
 //	sluice simulate -limit "10 1/s" [-summary] < trace
 //
@@ -13,6 +14,13 @@
 // Kubernetes ConfigMap's symlink swap is seen), reload the policies (a bad
 // config is refused and logged); SIGTERM drops readiness and lets requests
 // in flight finish.
+//
+// take is a client of a running service: it takes from the bucket of
+// (POLICY, KEY) and prints the decision in words, or with -json the
+// service's JSON answer. It exits 0 if the take was allowed, 1 if it was
+// denied (a degraded denial too), and 2 if there was no decision: bad
+// input, an unknown policy, a wrong token, an unreachable or failing
+// service.
 //
 // config check validates a config file (docs/config.md) and prints what
 // it would run, with warnings; it exits 2 if the file is not valid.
@@ -39,6 +47,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
+	if errors.Is(err, errDenied) {
+		os.Exit(1)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sluice:", err)
 		os.Exit(2)
@@ -49,6 +60,7 @@ const usage = `usage: sluice <command> [flags]
 
 commands:
   serve          run the rate-limit service (HTTP JSON API, metrics)
+  take           take from a bucket of a running service (exit 0 allowed, 1 denied, 2 error)
   config check   validate a config file and print what it would run
   simulate       replay a trace of requests under a proposed limit
 
@@ -65,6 +77,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	switch args[0] {
 	case "serve":
 		return serve(ctx, args[1:], stdout, stderr)
+	case "take":
+		return takeCommand(ctx, args[1:], stdout, stderr)
 	case "config":
 		return configCommand(args[1:], stdout, stderr)
 	case "simulate":
