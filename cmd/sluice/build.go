@@ -50,7 +50,7 @@ func build(ctx context.Context, cfg config.Config, reg prometheus.Registerer, lo
 			rt.close()
 		}
 	}()
-	raw, ping, err := openStore(ctx, cfg, rt)
+	raw, ping, err := openStore(ctx, cfg, rt, true)
 	if err != nil {
 		return nil, err
 	}
@@ -215,8 +215,9 @@ func (rt *runtime) close() {
 	rt.closer = nil
 }
 
-// openStore opens the store cfg names and a check that it answers.
-func openStore(ctx context.Context, cfg config.Config, rt *runtime) (sluice.Store, func(context.Context) error, error) {
+// openStore opens the store cfg names and a check that it answers. sweep
+// starts the store's background maintenance, where it has one.
+func openStore(ctx context.Context, cfg config.Config, rt *runtime, sweep bool) (sluice.Store, func(context.Context) error, error) {
 	s := cfg.Store
 	switch s.Type {
 	case config.StoreMemory:
@@ -263,12 +264,16 @@ func openStore(ctx context.Context, cfg config.Config, rt *runtime) (sluice.Stor
 			return nil, nil, fmt.Errorf("store.postgres: %w", err)
 		}
 		rt.closer = append(rt.closer, func() error { pool.Close(); return nil })
-		st, err := pgstore.New(ctx, pool, pgstore.Options{
+		o := pgstore.Options{
 			Schema:        s.Postgres.Schema,
 			Table:         s.Postgres.Table,
 			OnLimitChange: s.OnLimitChange,
 			RequestIDTTL:  s.RequestIDTTL,
-		})
+		}
+		if !sweep {
+			o.SweepInterval = -1
+		}
+		st, err := pgstore.New(ctx, pool, o)
 		if err != nil {
 			return nil, nil, fmt.Errorf("store.postgres: %w", err)
 		}

@@ -3,6 +3,7 @@
 //
 //	sluice serve [-config sluice.yaml] [-drain 10s] [-watch=true]
 //	sluice take POLICY KEY [-cost N] [-request-id ID] [-server URL] [-token-env VAR] [-json]
+//	sluice migrate -config sluice.yaml
 //	sluice config check sluice.yaml
 //	sluice simulate -limit "10 1/s" [-summary] < trace
 //
@@ -21,6 +22,10 @@
 // denied (a degraded denial too), and 2 if there was no decision: bad
 // input, an unknown policy, a wrong token, an unreachable or failing
 // service.
+//
+// migrate creates or upgrades the PostgreSQL schema of the config's store;
+// serve never does (a PostgreSQL store that was not migrated answers every
+// decision with a 500 that says to run it).
 //
 // config check validates a config file (docs/config.md) and prints what
 // it would run, with warnings; it exits 2 if the file is not valid.
@@ -61,6 +66,7 @@ const usage = `usage: sluice <command> [flags]
 commands:
   serve          run the rate-limit service (HTTP JSON API, metrics)
   take           take from a bucket of a running service (exit 0 allowed, 1 denied, 2 error)
+  migrate        create or upgrade the PostgreSQL schema of a config's store
   config check   validate a config file and print what it would run
   simulate       replay a trace of requests under a proposed limit
 
@@ -79,6 +85,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return serve(ctx, args[1:], stdout, stderr)
 	case "take":
 		return takeCommand(ctx, args[1:], stdout, stderr)
+	case "migrate":
+		return migrateCommand(ctx, args[1:], stdout, stderr)
 	case "config":
 		return configCommand(args[1:], stdout, stderr)
 	case "simulate":

@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// The tests of this file run sluice serve on real Redis and PostgreSQL
+// servers over loopback sockets. Redis is the one internal/redistest finds
+// or starts (SLUICE_REDIS_URL, default redis://127.0.0.1:6379/15);
+// PostgreSQL is the one at SLUICE_POSTGRES_URL (default postgresURL).
+// Each test works under a key prefix or in a schema of random name and
+// removes it at the end. Without a server a test is skipped, and fails
+// under CI=true.
+
+const postgresURL = "postgres://postgres@127.0.0.1:5432/test"
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+func randomName(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// redisSection returns a store section of a config for the test Redis,
+// under a prefix of its own whose keys are deleted when t ends.
+func redisSection(t *testing.T) string {
+	t.Helper()
+	o := redistest.Options(t)
+	if o.Password != "" || o.Network == "unix" {
+		t.Skip("the test Redis needs a password or a socket; these tests write only a host and a database into the URL")
+	}
+	prefix := "sluicetest:" + randomName(t) + ":"
+	client := redistest.Client(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			client.Del(ctx, iter.Val())
+		}
+	})
+	return fmt.Sprintf("store:\n  type: redis\n  redis:\n    url: \"redis://%s/%d\"\n    prefix: %q\n", o.Addr, o.DB, prefix)
+}
+
+// postgresSection returns a store section of a config for the test
+// PostgreSQL, in a schema of its own that is dropped when t ends, and
+// whether the schema is migrated (by running "sluice migrate").
+func postgresSection(t *testing.T, migrate bool) string {
+	t.Helper()
+	url := os.Getenv("SLUICE_POSTGRES_URL")
+	if url == "" {
+		url = postgresURL
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err == nil {
+		err = conn.Ping(ctx)
+		conn.Close(context.Background())
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no PostgreSQL at SLUICE_POSTGRES_URL or %s: %v", postgresURL, err)
+		}
+		t.Skipf("no PostgreSQL at SLUICE_POSTGRES_URL or %s (%v); set CI=true to fail instead", postgresURL, err)
+	}
+	schema := "sluice_cmd_" + randomName(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		pool, err := pgxpool.New(ctx, url)
+		if err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+			return
+		}
+		defer pool.Close()
+		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+	})
+	section := fmt.Sprintf("store:\n  type: postgres\n  postgres:\n    url: %q\n    schema: %s\n", url, schema)
+	if migrate {
+		path := filepath.Join(t.TempDir(), "migrate.yaml")
+		if err := writeFile(path, section+"policies:\n  api:\n    limit: \"1 1/s\"\n"); err != nil {
+			t.Fatal(err)
+		}
+		var stdout, stderr bytes.Buffer
+		if err := run(t.Context(), []string{"migrate", "-config", path}, nil, &stdout, &stderr); err != nil {
+			t.Fatalf("sluice migrate: %v\n%s", err, stderr.String())
+		}
+		if !strings.Contains(stdout.String(), schema) {
+			t.Errorf("sluice migrate printed %q, want it to name the schema %s", stdout.String(), schema)
+		}
+	}
+	return section
+}
+
+// serveOn writes a config of store and policies and starts n instances
+// of sluice serve on it.
+func serveOn(t *testing.T, n int, store, policies string) []*server {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "sluice.yaml")
+	// A generous deadline and no failure mode: every answer below is the
+	// store's, never a degraded decision.
+	text := "listen:\n  http: \"127.0.0.1:0\"\n  admin: \"127.0.0.1:0\"\n" + store +
+		"guard:\n  timeout: 5s\n  failure_mode: closed\npolicies:\n" + policies
+	if err := writeFile(path, text); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]*server, n)
+	for i := range out {
+		out[i] = startServe(t, "-config", path, "-watch=false")
+	}
+	return out
+}
+
+var sharedStores = []struct {
+	name    string
+	section func(t *testing.T) string
+}{
+	{"redis", redisSection},
+	{"postgres", func(t *testing.T) string { return postgresSection(t, true) }},
+}
+
+// TestServeSharedStore: the API's decisions, replays and peeks on each
+// shared store, and readiness.
+func TestServeSharedStore(t *testing.T) {
+	for _, st := range sharedStores {
+		t.Run(st.name, func(t *testing.T) {
+			s := serveOn(t, 1, st.section(t), "  api:\n    limit: \"3 1/h\"\n")[0]
+			if code, text := get(t, s.api+"/readyz"); code != 200 {
+				t.Fatalf("GET /readyz = %d %q, want 200", code, text)
+			}
+			steps := []struct {
+				path, body string
+				allowed    bool
+				remaining  float64
+				replayed   bool
+			}{
+				{"/v1/take", `{"policy":"api","key":"k","request_id":"a"}`, true, 2, false},
+				{"/v1/take", `{"policy":"api","key":"k","request_id":"a"}`, true, 2, true},
+				{"/v1/peek", `{"policy":"api","key":"k","cost":2}`, true, 2, false},
+				{"/v1/take", `{"policy":"api","key":"k","cost":2}`, true, 0, false},
+				{"/v1/take", `{"policy":"api","key":"k"}`, false, 0, false},
+				{"/v1/take", `{"policy":"api","key":"other"}`, true, 2, false},
+			}
+			for i, step := range steps {
+				code, body := post(t, s.api+step.path, step.body)
+				if code != 200 || body["allowed"] != step.allowed || body["remaining"] != step.remaining || body["replayed"] != step.replayed || body["degraded"] != false {
+					t.Fatalf("step %d: POST %s %s = %d %v, want allowed=%v remaining=%v replayed=%v, not degraded",
+						i, step.path, step.body, code, body, step.allowed, step.remaining, step.replayed)
+				}
+			}
+		})
+	}
+}
+
+// TestServePostgresNotMigrated: serve does not migrate; a schema never
+// migrated answers 500 naming the remedy, and "sluice migrate" fixes it
+// while the service runs.
+func TestServePostgresNotMigrated(t *testing.T) {
+	section := postgresSection(t, false)
+	s := serveOn(t, 1, section, "  api:\n    limit: \"3 1/h\"\n")[0]
+	code, body := post(t, s.api+"/v1/take", `{"policy":"api","key":"k"}`)
+	if code != 500 || !strings.Contains(fmt.Sprint(body["detail"]), "run Migrate") {
+		t.Fatalf("take on a schema never migrated = %d %v, want 500 saying to run Migrate", code, body)
+	}
+	path := filepath.Join(t.TempDir(), "migrate.yaml")
+	if err := writeFile(path, section+"policies:\n  api:\n    limit: \"3 1/h\"\n"); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // Migrate is idempotent
+		if err := run(t.Context(), []string{"migrate", "-config", path}, nil, new(bytes.Buffer), new(bytes.Buffer)); err != nil {
+			t.Fatalf("sluice migrate: %v", err)
+		}
+	}
+	if code, body := post(t, s.api+"/v1/take", `{"policy":"api","key":"k"}`); code != 200 || body["allowed"] != true {
+		t.Fatalf("take after sluice migrate = %d %v, want 200 allowed", code, body)
+	}
+}
+
+func TestMigrateOtherStores(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sluice.yaml")
+	writeConfig(t, path, "  api:\n    limit: \"3 1/h\"\n")
+	var stdout bytes.Buffer
+	if err := run(t.Context(), []string{"migrate", "-config", path}, nil, &stdout, new(bytes.Buffer)); err != nil || !strings.Contains(stdout.String(), "needs no migration") {
+		t.Fatalf("migrate of a memory config = %v, printed %q; want success saying it needs none", err, stdout.String())
+	}
+	if err := run(t.Context(), []string{"migrate"}, nil, new(bytes.Buffer), new(bytes.Buffer)); err == nil {
+		t.Fatal("migrate without -config succeeded")
+	}
+}
+
+// TestServeManyInstancesOneQuota: two instances of sluice serve on one
+// store, 64 concurrent clients spread over both, one key of capacity 1,000
+// that never refills: exactly 1,000 takes are allowed across both.
+func TestServeManyInstancesOneQuota(t *testing.T) {
+	const (
+		clients  = 64
+		each     = 20 // 1,280 takes in all
+		capacity = 1000
+	)
+	for _, st := range sharedStores {
+		t.Run(st.name, func(t *testing.T) {
+			servers := serveOn(t, 2, st.section(t), fmt.Sprintf("  api:\n    limit: \"%d 0/s\"\n", capacity))
+			client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
+			defer client.CloseIdleConnections()
+			var mu sync.Mutex
+			allowed, denied := 0, 0
+			perServer := make([]int, len(servers))
+			var failures []string
+			var wg sync.WaitGroup
+			start := time.Now()
+			for c := range clients {
+				wg.Go(func() {
+					s := servers[c%len(servers)]
+					for range each {
+						code, ok, err := takeOnce(client, s.api)
+						mu.Lock()
+						switch {
+						case err != nil || code != 200:
+							failures = append(failures, fmt.Sprintf("%d %v", code, err))
+						case ok:
+							allowed++
+							perServer[c%len(servers)]++
+						default:
+							denied++
+						}
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			if len(failures) > 0 {
+				t.Fatalf("%d takes failed, the first: %s", len(failures), failures[0])
+			}
+			if allowed != capacity || denied != clients*each-capacity {
+				t.Fatalf("%d allowed and %d denied across both instances, want exactly %d and %d", allowed, denied, capacity, clients*each-capacity)
+			}
+			t.Logf("%d takes in %v (%.0f/s): %d allowed (%v by instance), %d denied",
+				clients*each, elapsed.Round(time.Millisecond), float64(clients*each)/elapsed.Seconds(), allowed, perServer, denied)
+		})
+	}
+}
+
+func takeOnce(client *http.Client, api string) (code int, allowed bool, err error) {
+	resp, err := client.Post(api+"/v1/take", "application/json", strings.NewReader(`{"policy":"api","key":"shared"}`))
+	if err != nil {
+		return 0, false, err
+	}
+	defer resp.Body.Close()
+	var d struct {
+		Allowed  bool `json:"allowed"`
+		Degraded bool `json:"degraded"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
+		return resp.StatusCode, false, err
+	}
+	if d.Degraded {
+		return resp.StatusCode, false, fmt.Errorf("a degraded decision")
+	}
+	return resp.StatusCode, d.Allowed, nil
+}
