@@ -96,9 +96,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for i, srv := range servers {
 		go func() { served <- srv.Serve(listeners[i]) }()
 	}
-	ready.Store(true)
-	announce(stdout, cfg, rt, apiLn.Addr(), adminLn.Addr())
-
+	// The signals are caught and the watch starts before the banner: a
+	// SIGHUP or a change made once the banner is out is seen.
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(signals)
@@ -113,6 +112,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			defer func() { stopWatch(); <-watched }()
 		}
 	}
+	ready.Store(true)
+	announce(stdout, cfg, rt, apiLn.Addr(), adminLn.Addr())
+
 	for {
 		select {
 		case sig := <-signals:
