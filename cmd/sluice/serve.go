@@ -27,12 +27,15 @@ import (
 
 // Timeouts of the HTTP servers: a slow or stalled client cannot hold a
 // connection or a goroutine for longer.
+//
+// readHeaderTimeout is a variable only so that a test can shorten it.
+var readHeaderTimeout = 5 * time.Second
+
 const (
-	readHeaderTimeout = 5 * time.Second
-	readTimeout       = 10 * time.Second
-	writeTimeout      = 10 * time.Second
-	idleTimeout       = 2 * time.Minute
-	maxHeaderBytes    = 16 << 10
+	readTimeout    = 10 * time.Second
+	writeTimeout   = 10 * time.Second
+	idleTimeout    = 2 * time.Minute
+	maxHeaderBytes = 16 << 10
 )
 
 // serve runs the service until ctx ends or a SIGTERM or SIGINT arrives,
