@@ -3,6 +3,7 @@
 //
 //	sluice serve [-config sluice.yaml] [-drain 10s] [-watch=true]
 //	sluice take POLICY KEY [-cost N] [-request-id ID] [-server URL] [-token-env VAR] [-json]
+//	sluice status [-server URL] [-token-env VAR] [-json]
 //	sluice migrate -config sluice.yaml
 //	sluice config check sluice.yaml
 //	sluice simulate -limit "10 1/s" [-summary] < trace
@@ -22,6 +23,9 @@
 // denied (a degraded denial too), and 2 if there was no decision: bad
 // input, an unknown policy, a wrong token, an unreachable or failing
 // service.
+//
+// status prints the config version and the policies of a running service,
+// in words or with -json as the service answers them.
 //
 // migrate creates or upgrades the PostgreSQL schema of the config's store;
 // serve never does (a PostgreSQL store that was not migrated answers every
@@ -66,6 +70,7 @@ const usage = `usage: sluice <command> [flags]
 commands:
   serve          run the rate-limit service (HTTP JSON API, metrics)
   take           take from a bucket of a running service (exit 0 allowed, 1 denied, 2 error)
+  status         the config version and policies of a running service
   migrate        create or upgrade the PostgreSQL schema of a config's store
   config check   validate a config file and print what it would run
   simulate       replay a trace of requests under a proposed limit
@@ -85,6 +90,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return serve(ctx, args[1:], stdout, stderr)
 	case "take":
 		return takeCommand(ctx, args[1:], stdout, stderr)
+	case "status":
+		return statusCommand(ctx, args[1:], stdout, stderr)
 	case "migrate":
 		return migrateCommand(ctx, args[1:], stdout, stderr)
 	case "config":

@@ -25,12 +25,13 @@ import (
 	"github.com/sluicehq/sluice/internal/httpapi"
 )
 
-// Timeouts of the HTTP servers: a slow or stalled client cannot hold a
-// connection or a goroutine for longer.
-//
-// readHeaderTimeout is a variable only so that a test can shorten it.
+// readHeaderTimeout bounds the reading of a request's headers: a client
+// that trickles them is cut off then. It is a variable only so that a test
+// can shorten it.
 var readHeaderTimeout = 5 * time.Second
 
+// Timeouts of the HTTP servers: a slow or stalled client cannot hold a
+// connection or a goroutine for longer.
 const (
 	readTimeout    = 10 * time.Second
 	writeTimeout   = 10 * time.Second
@@ -68,6 +69,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer rt.close()
+	rt.path = *path
 
 	var ready atomic.Bool
 	api, err := httpapi.New(rt.core, httpapi.Options{
@@ -83,6 +85,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	admin.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	admin.Handle("GET /healthz", api)
 	admin.Handle("GET /readyz", api)
+	admin.HandleFunc("GET /config", rt.adminConfig)
+	admin.HandleFunc("GET /peek", rt.adminPeek)
 
 	apiLn, err := net.Listen("tcp", cfg.Listen.HTTP)
 	if err != nil {
