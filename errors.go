@@ -29,8 +29,9 @@ var (
 // Errors about the store rather than the request.
 var (
 	// ErrTooManyKeys means the store holds its maximum number of buckets,
-	// none of them can be reclaimed without loss, and its overflow rule is
-	// to refuse new ones.
+	// the bounded search of a new key's insert found none it could reclaim
+	// without loss, and the store's overflow rule is to refuse new keys.
+	// Existing keys are still decided.
 	ErrTooManyKeys = errors.New("sluice: too many keys")
 	// ErrUnavailable means a shared store could not be asked or did not
 	// answer: the connection failed, the server is down or read-only, the

@@ -15,8 +15,9 @@ import (
 //     may have granted its key one extra burst).
 //   - <ns>_memstore_request_id_evictions_total: counter of request IDs
 //     forgotten before their TTL.
-//   - <ns>_memstore_refused_total: counter of requests refused with
-//     sluice.ErrTooManyKeys.
+//   - <ns>_memstore_refused_total: counter of requests for new keys
+//     refused with sluice.ErrTooManyKeys (request IDs are never refused:
+//     a full memory of them forgets the oldest).
 //   - <ns>_memstore_conversions_total: counter of takes that found their
 //     bucket stored under another limit than the request's and converted
 //     it (memstore.Options.OnLimitChange). A steady rate means that callers
@@ -46,7 +47,7 @@ func RegisterMemstore(reg prometheus.Registerer, o Options, stats func() memstor
 		idEvictions: prometheus.NewDesc(name("request_id_evictions_total"),
 			"Request IDs forgotten by the in-memory store before their TTL.", nil, o.ConstLabels),
 		refused: prometheus.NewDesc(name("refused_total"),
-			"Requests the in-memory store refused because it held its maximum of keys or request IDs.", nil, o.ConstLabels),
+			"Requests for new keys the in-memory store refused because it held its maximum of keys and found none to reclaim.", nil, o.ConstLabels),
 		conversions: prometheus.NewDesc(name("conversions_total"),
 			"Takes that found their bucket stored under another limit than the request's and converted it; a steady rate means callers disagree on a policy's limit.", nil, o.ConstLabels),
 	}

@@ -591,7 +591,7 @@ sluice_memstore_evictions_total{reason="full",store="evict"} 0
 sluice_memstore_evictions_total{reason="full",store="refuse"} 2
 sluice_memstore_evictions_total{reason="lru",store="evict"} 1
 sluice_memstore_evictions_total{reason="lru",store="refuse"} 0
-# HELP sluice_memstore_refused_total Requests the in-memory store refused because it held its maximum of keys or request IDs.
+# HELP sluice_memstore_refused_total Requests for new keys the in-memory store refused because it held its maximum of keys and found none to reclaim.
 # TYPE sluice_memstore_refused_total counter
 sluice_memstore_refused_total{store="evict"} 0
 sluice_memstore_refused_total{store="refuse"} 1

@@ -14,15 +14,19 @@
 //	func TestConformance(t *testing.T) {
 //		sluicetest.Run(t, sluicetest.Suite{
 //			New: func(t *testing.T, o sluicetest.StoreOptions) sluice.Store {
-//				s := memstore.New(memstore.Options{
+//				s, err := memstore.New(memstore.Options{
 //					Now:           o.Now,
 //					OnLimitChange: o.OnLimitChange,
 //					RequestIDTTL:  o.RequestIDTTL,
 //					SweepInterval: -1, // the suite's clock decides when state goes
 //				})
+//				if err != nil {
+//					t.Fatal(err)
+//				}
 //				t.Cleanup(func() { s.Close() })
 //				return s
 //			},
+//			Sweep: func(st sluice.Store) { st.(*memstore.Store).SweepNow() },
 //		})
 //	}
 package sluicetest
