@@ -278,9 +278,25 @@ func openStore(ctx context.Context, cfg config.Config, rt *runtime, sweep bool) 
 			return nil, nil, fmt.Errorf("store.postgres: %w", err)
 		}
 		rt.closer = append(rt.closer, st.Close)
-		return st, pool.Ping, nil
+		return st, func(ctx context.Context) error {
+			if err := pool.Ping(ctx); err != nil {
+				return err
+			}
+			// A database that answers but holds no schema of this version
+			// is not ready either: every decision would fail.
+			_, err := st.Peek(ctx, readinessProbe)
+			return err
+		}, nil
 	}
 	return nil, nil, fmt.Errorf("%w: store.type %q", sluice.ErrInvalidOption, s.Type)
+}
+
+// readinessProbe is the peek /readyz makes in a PostgreSQL store, to see
+// that its schema is there: a peek creates nothing, and the policy is one
+// the service's own config is unlikely to name.
+var readinessProbe = sluice.Request{
+	Policy: "sluice.readyz", Key: "probe", Cost: 1,
+	Limit: sluice.Limit{Capacity: 1, Rate: sluice.PerSecond(1)},
 }
 
 // redisClient returns the go-redis client of r, configured so that every

@@ -182,6 +182,10 @@ func TestServeSharedStore(t *testing.T) {
 func TestServePostgresNotMigrated(t *testing.T) {
 	section := postgresSection(t, false)
 	s := serveOn(t, 1, section, "  api:\n    limit: \"3 1/h\"\n")[0]
+	// Not ready: a load balancer sends it nothing until the schema is there.
+	if code, text := get(t, s.api+"/readyz"); code != 503 || !strings.Contains(text, "run Migrate") {
+		t.Fatalf("GET /readyz on a schema never migrated = %d %q, want 503 saying to run Migrate", code, text)
+	}
 	code, body := post(t, s.api+"/v1/take", `{"policy":"api","key":"k"}`)
 	if code != 500 || !strings.Contains(fmt.Sprint(body["detail"]), "run Migrate") {
 		t.Fatalf("take on a schema never migrated = %d %v, want 500 saying to run Migrate", code, body)
@@ -197,6 +201,9 @@ func TestServePostgresNotMigrated(t *testing.T) {
 	}
 	if code, body := post(t, s.api+"/v1/take", `{"policy":"api","key":"k"}`); code != 200 || body["allowed"] != true {
 		t.Fatalf("take after sluice migrate = %d %v, want 200 allowed", code, body)
+	}
+	if code, text := get(t, s.api+"/readyz"); code != 200 {
+		t.Fatalf("GET /readyz after sluice migrate = %d %q, want 200", code, text)
 	}
 }
 
