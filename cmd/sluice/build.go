@@ -37,7 +37,6 @@ type runtime struct {
 	closer []func() error
 
 	mu      sync.Mutex // serializes reloads
-	version prometheus.Gauge
 }
 
 // build opens the store of cfg, wraps it in guard and metrics registered on
@@ -76,12 +75,6 @@ func build(ctx context.Context, cfg config.Config, reg prometheus.Registerer, lo
 		Namespace: "sluice", Name: "unknown_policy_requests_total",
 		Help: "Requests naming a policy the config does not define.",
 	})
-	rt.version = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: "sluice", Name: "config_info",
-		Help:        "The config in use: its version label is the hash of the file.",
-		ConstLabels: prometheus.Labels{"version": cfg.Version},
-	})
-	rt.version.Set(1)
 	if err := registerAll(reg, shadow, unknown); err != nil {
 		return nil, err
 	}
@@ -109,19 +102,22 @@ func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
 	return nil
 }
 
-// versionCollector exports the config_info gauge of the config in use,
-// which a reload replaces.
+// configInfo is sluice_config_info: 1, labelled with the version of the
+// config in use, read from the runtime at every scrape.
+var configInfo = prometheus.NewDesc("sluice_config_info",
+	"The config in use: its version label is the hash of the file.", []string{"version"}, nil)
+
+// versionCollector exports configInfo for the config in use, which a reload
+// replaces.
 type versionCollector struct{ rt *runtime }
 
-func (v versionCollector) Describe(ch chan<- *prometheus.Desc) {
-	prometheus.DescribeByCollect(v, ch)
-}
+func (v versionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- configInfo }
 
 func (v versionCollector) Collect(ch chan<- prometheus.Metric) {
 	v.rt.mu.Lock()
-	g := v.rt.version
+	version := v.rt.cfg.Version
 	v.rt.mu.Unlock()
-	ch <- g
+	ch <- prometheus.MustNewConstMetric(configInfo, prometheus.GaugeValue, 1, version)
 }
 
 // policyTable turns cfg's policies into the core's, checked against store.
@@ -175,12 +171,6 @@ func (rt *runtime) reload(path string, log *slog.Logger, trigger string) {
 				log.Warn("reload: these settings change only at the next start", "settings", strings.Join(restart, ", "))
 			}
 			rt.core.SetTable(table)
-			rt.version = prometheus.NewGauge(prometheus.GaugeOpts{
-				Namespace: "sluice", Name: "config_info",
-				Help:        "The config in use: its version label is the hash of the file.",
-				ConstLabels: prometheus.Labels{"version": cfg.Version},
-			})
-			rt.version.Set(1)
 			log.Info("reload: new config in use", "version", cfg.Version, "previous", rt.cfg.Version, "policies", len(cfg.Policies))
 			rt.cfg.Policies, rt.cfg.Version = cfg.Policies, cfg.Version
 			return
