@@ -36,7 +36,7 @@ type runtime struct {
 	ping   func(context.Context) error
 	closer []func() error
 
-	mu      sync.Mutex // serializes reloads
+	mu sync.Mutex // serializes reloads
 }
 
 // build opens the store of cfg, wraps it in guard and metrics registered on

@@ -188,31 +188,27 @@ type decisionBody struct {
 	ShadowDenied bool   `json:"shadow_denied,omitempty"`
 }
 
-func (h *Handler) take(w http.ResponseWriter, r *http.Request) {
-	var req decisionRequest
-	if !h.decode(w, r, h.maxBody, &req) {
-		return
-	}
-	sr, field, err := serviceRequest(req, true)
-	if err != nil {
-		writeProblem(w, http.StatusBadRequest, problem{Title: "invalid request", Detail: err.Error(), Field: field})
-		return
-	}
-	res, err := h.core.Take(r.Context(), sr)
-	h.answer(w, r, res, err)
-}
+func (h *Handler) take(w http.ResponseWriter, r *http.Request) { h.decide(w, r, true) }
 
-func (h *Handler) peek(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) peek(w http.ResponseWriter, r *http.Request) { h.decide(w, r, false) }
+
+// decide answers one take, or one peek if take is false.
+func (h *Handler) decide(w http.ResponseWriter, r *http.Request, take bool) {
 	var req decisionRequest
 	if !h.decode(w, r, h.maxBody, &req) {
 		return
 	}
-	sr, field, err := serviceRequest(req, false)
+	sr, field, err := serviceRequest(req, take)
 	if err != nil {
 		writeProblem(w, http.StatusBadRequest, problem{Title: "invalid request", Detail: err.Error(), Field: field})
 		return
 	}
-	res, err := h.core.Peek(r.Context(), sr)
+	var res service.Result
+	if take {
+		res, err = h.core.Take(r.Context(), sr)
+	} else {
+		res, err = h.core.Peek(r.Context(), sr)
+	}
 	h.answer(w, r, res, err)
 }
 
