@@ -146,7 +146,14 @@ func (p *Plan) Take(s *State, now int64, cost int64, d *sluice.Decision) {
 	d.Allowed = allowed
 	d.Remaining = tokens
 	d.RetryAfter = retry
-	d.ResetAfter = p.wait(tokens, frac, p.limit.Capacity, uint64(stamp)-uint64(now))
+	// d.ResetAfter = p.wait(tokens, frac, capacity, stamp-now), with the
+	// usual case (the clock not behind, a wait that fits) written out.
+	t, ok := p.ticksUntil(tokens, frac, p.limit.Capacity)
+	if ok && stamp == now && t <= p.maxTicks {
+		d.ResetAfter = time.Duration(t) * p.tick
+	} else {
+		d.ResetAfter = p.ticksWait(t, ok, uint64(stamp)-uint64(now))
+	}
 	d.Limit = p.limit
 	d.Replayed = false
 	d.Degraded = false
@@ -173,16 +180,18 @@ func (p *Plan) Peek(s State, now int64, cost int64) sluice.Decision {
 // gets there or the wait exceeds a time.Duration.
 func (p *Plan) wait(tokens int64, frac uint64, target int64, behind uint64) time.Duration {
 	t, ok := p.ticksUntil(tokens, frac, target)
+	return p.ticksWait(t, ok, behind)
+}
+
+// ticksWait is the wait of t ticks (if ok) plus behind, as wait returns it.
+func (p *Plan) ticksWait(t uint64, ok bool, behind uint64) time.Duration {
 	if !ok {
 		return sluice.Never
 	}
 	if t == 0 {
 		return 0
 	}
-	if t += behind; t < behind {
-		return sluice.Never
-	}
-	if t > p.maxTicks {
+	if t += behind; t < behind || t > p.maxTicks {
 		return sluice.Never
 	}
 	return time.Duration(t) * p.tick

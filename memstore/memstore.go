@@ -167,7 +167,16 @@ func (s *Store) takeFields(ctx context.Context, policy, key string, cost int64, 
 		r := sluice.Request{Policy: policy, Key: key, Cost: cost, Limit: l, RequestID: id}
 		return r.Validate()
 	}
-	pn, h := s.identify(policy, key)
+	// pn, h := s.identify(policy, key), with names of 4 to 8 bytes (the
+	// usual ones) written out: see Store.hash.
+	var pn policyName
+	var h uint64
+	if n := len(policy); n >= 4 && n <= 8 {
+		pn = policyName{name: policy, word: le32(policy) | le32(policy[n-4:])<<(8*(n-4))}
+		h = maphash.String(s.seed, key) ^ s.shortPolicyHash(pn.word, n)
+	} else {
+		pn, h = s.identify(policy, key)
+	}
 	sh := &s.shards[h&s.mask]
 	tg := tag(h, s.shardBits)
 	now := s.clock()
@@ -176,8 +185,21 @@ func (s *Store) takeFields(ctx context.Context, policy, key string, cost int64, 
 	// bucket's policy, key and limit were validated when it was created,
 	// so only the cost is left to check.
 	if id == "" && cost >= 1 && cost <= l.Capacity {
-		if idx, _ := sh.table.find(pn, key, tg); idx >= 0 {
-			e := &sh.table.entries[idx]
+		// idx, _ := sh.table.find(pn, key, tg), written out: find is too
+		// large to be inlined, and this saves a call on every decision.
+		t := &sh.table
+		for mask, i := len(t.slots)-1, int(tg); mask >= 0; i++ {
+			sv := t.slots[i&mask]
+			if sv == 0 {
+				break
+			}
+			if uint32(sv>>32) != tg {
+				continue
+			}
+			e := &t.entries[uint32(sv)-1]
+			if !e.is(pn, key) {
+				continue
+			}
 			if pl := &e.plan.plan; pl.Limit() == l {
 				if err = ctx.Err(); err == nil {
 					pl.Take(&e.state, now, cost, d)
@@ -186,6 +208,7 @@ func (s *Store) takeFields(ctx context.Context, policy, key string, cost int64, 
 				sh.mu.Unlock()
 				return err
 			}
+			break
 		}
 	}
 	err = s.take(ctx, sh, &sluice.Request{Policy: policy, Key: key, Cost: cost, Limit: l, RequestID: id}, pn, tg, now, d)

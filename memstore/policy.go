@@ -8,17 +8,31 @@ import (
 // policyName is a policy name prepared for the hot path: the name and its
 // first (up to) 8 bytes as a little-endian word, zero-padded. With the
 // length, the word identifies a name of at most 8 bytes exactly, so the
-// usual short names are compared and hashed without a call. identify
-// prepares one.
+// usual short names are compared and hashed without a call.
+// makePolicyName prepares one.
 type policyName struct {
 	name string
 	word uint64
 }
 
-// makePolicyName returns name prepared.
+// makePolicyName returns name prepared: its word is the first min(8, n)
+// bytes, little-endian, zero-padded. It is small enough to be inlined.
 func makePolicyName(name string) policyName {
-	p, _ := (*Store)(nil).identify(name, "")
-	return p
+	return policyName{name: name, word: policyWord(name)}
+}
+
+// policyWord is the word of makePolicyName.
+func policyWord(s string) uint64 {
+	switch n := len(s); {
+	case n >= 8:
+		return le64(s)
+	case n >= 4:
+		// Two loads that overlap put the shared bytes in the same places.
+		return le32(s) | le32(s[n-4:])<<(8*(n-4))
+	case n > 0:
+		return uint64(s[0]) | uint64(s[n/2])<<(8*(n/2)) | uint64(s[n-1])<<(8*(n-1))
+	}
+	return 0
 }
 
 // is reports whether p and q are the same name.
@@ -37,42 +51,43 @@ func le32(s string) uint64 {
 	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24
 }
 
-// identify returns policy prepared, and the store's hash of the identity
-// (policy, key) (zero for a nil s): its low bits pick the shard, the rest
-// index the shard's table.
+// hash is the store's hash of the identity (p, key): its low bits pick
+// the shard, the rest index the shard's table.
 //
-// The hash combines a keyed hash of the key with a keyed hash of the
-// policy, so for one policy it is a keyed hash of the key (which callers'
-// clients choose), and the same key under two policies lands in unrelated
-// places; no name is built for it. A policy of at most 8 bytes (its word
-// and length) is hashed with one multiplication by the store's random
-// keys, a longer one with maphash. It is all one function so that the hot
-// path makes one call for it.
-func (s *Store) identify(policy, key string) (p policyName, h uint64) {
-	// The word: the first min(8, n) bytes, little-endian, zero-padded.
-	switch n := len(policy); {
-	case n >= 8:
-		p.word = le64(policy)
-	case n >= 4:
-		// Two loads that overlap put the shared bytes in the same places.
-		p.word = le32(policy) | le32(policy[n-4:])<<(8*(n-4))
-	case n > 0:
-		p.word = uint64(policy[0]) | uint64(policy[n/2])<<(8*(n/2)) | uint64(policy[n-1])<<(8*(n-1))
+// It combines a keyed hash of the key with a keyed hash of the policy, so
+// for one policy it is a keyed hash of the key (which callers' clients
+// choose), and the same key under two policies lands in unrelated places;
+// no name is built for it. A name of at most 8 bytes (its word and length)
+// is hashed with one multiplication by the store's random keys, a longer
+// one with maphash. takeFields computes the same hash with the usual case
+// written out, so that the hot path makes one call (to maphash) for the
+// whole identity; TestHotPathHash checks that the two agree.
+func (s *Store) hash(p policyName, key string) uint64 {
+	return maphash.String(s.seed, key) ^ s.policyHash(p)
+}
+
+// policyHash is the policy's part of hash.
+func (s *Store) policyHash(p policyName) uint64 {
+	if len(p.name) > 8 {
+		return maphash.String(s.policySeed, p.name)
 	}
-	p.name = policy
-	if s == nil {
-		return p, 0
-	}
-	h = maphash.String(s.seed, key)
-	if len(policy) > 8 {
-		return p, h ^ maphash.String(s.policySeed, policy)
-	}
-	hi, lo := bits.Mul64(p.word^s.policyKeys[0], uint64(len(policy))^s.policyKeys[1])
-	return p, h ^ hi ^ lo
+	return s.shortPolicyHash(p.word, len(p.name))
+}
+
+// shortPolicyHash is the hash of a policy name of n <= 8 bytes whose word
+// is w.
+func (s *Store) shortPolicyHash(w uint64, n int) uint64 {
+	hi, lo := bits.Mul64(w^s.policyKeys[0], uint64(n)^s.policyKeys[1])
+	return hi ^ lo
+}
+
+// identify returns policy prepared and the hash of (policy, key).
+func (s *Store) identify(policy, key string) (policyName, uint64) {
+	p := makePolicyName(policy)
+	return p, s.hash(p, key)
 }
 
 // rehash is the hash of a bucket's identity.
 func (s *Store) rehash(e *entry) uint64 {
-	_, h := s.identify(e.plan.policy.name, e.key)
-	return h
+	return s.hash(e.plan.policy, e.key)
 }

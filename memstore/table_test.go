@@ -1,11 +1,15 @@
 package memstore
 
 import (
+	"context"
 	"fmt"
 	"hash/maphash"
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
 )
 
 // testHash returns a store's hash of entries, and planRefs for policies.
@@ -141,6 +145,43 @@ func TestEntryIdentity(t *testing.T) {
 		for j, b := range ids {
 			if got := e.is(makePolicyName(b.policy), b.key); got != (i == j) {
 				t.Errorf("entry of %q is %q = %v, want %v", a, b, got, i == j)
+			}
+		}
+	}
+}
+
+// The hot path in takeFields hashes names of 4 to 8 bytes written out;
+// everything else (Peek, rehash when a table grows, sweeps) uses
+// Store.hash. They must agree for every name length, or a bucket taken on
+// the hot path would be invisible to the rest.
+func TestHotPathHash(t *testing.T) {
+	s, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n := 1; n <= 64; n++ {
+		policy := strings.Repeat("p", n-1) + "q"
+		for k := 0; k < 200; k++ { // enough to grow each table several times
+			key := fmt.Sprintf("key-%d", k)
+			p, h := s.identify(policy, key)
+			if got := s.hash(p, key); got != h {
+				t.Fatalf("identify and hash disagree for %q", policy)
+			}
+			l := sluice.Limit{Capacity: 2, Rate: sluice.Per(1, time.Hour)}
+			if d, err := s.Take(context.Background(), sluice.Request{Policy: policy, Key: key, Cost: 2, Limit: l}); err != nil || !d.Allowed {
+				t.Fatalf("first take of %q %q = %+v, %v", policy, key, d, err)
+			}
+			// A second take goes through the hot path (existing bucket, same
+			// limit); the peek and the table's growth use Store.hash.
+			if d, err := s.Take(context.Background(), sluice.Request{Policy: policy, Key: key, Cost: 1, Limit: l}); err != nil || d.Allowed {
+				t.Fatalf("hot-path take of %q %q on an empty bucket = %+v, %v", policy, key, d, err)
+			}
+		}
+		for k := 0; k < 200; k++ {
+			key := fmt.Sprintf("key-%d", k)
+			l := sluice.Limit{Capacity: 2, Rate: sluice.Per(1, time.Hour)}
+			if d, err := s.Peek(context.Background(), sluice.Request{Policy: policy, Key: key, Cost: 1, Limit: l}); err != nil || d.Allowed {
+				t.Fatalf("peek of %q %q after the table grew = %+v, %v; the bucket was lost", policy, key, d, err)
 			}
 		}
 	}
