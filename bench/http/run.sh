@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# run.sh measures the HTTP API of `sluice serve` with the memory store: it
+# builds sluice (go build ./cmd/sluice from the repository root) and the load
+# generator (bench/http), and for each round and each mode starts a fresh
+# `sluice serve` on free loopback ports, waits for /readyz, runs the load
+# generator against it in its own process, and stops the service. It prints
+# each run's report, the service's CPU time per decision (from
+# /proc/PID/stat), and at the end the median of the rounds for each mode.
+#
+# Run from bench/:   http/run.sh [MODE...]        (default: single batch)
+#
+# Settings, from the environment (defaults in brackets):
+#   ROUNDS [3]  DURATION [10s]  WARMUP [1s]  IN_FLIGHT [64]  KEYS [10000]
+#   BATCH [100]  LIMIT ["100 10/s"], the limit of the one policy, "bench"
+#   KEEP=1 keeps the scratch directory (config, service logs).
+#
+# The modes of one round run one after the other, each against a service
+# of its own, so that a drift of the (shared) machine falls on every mode.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODES=${*:-single batch}
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-1s}
+IN_FLIGHT=${IN_FLIGHT:-64}
+KEYS=${KEYS:-10000}
+BATCH=${BATCH:-100}
+LIMIT=${LIMIT:-100 10/s}
+
+work=$(mktemp -d)
+pid=
+stop_service() {
+  if [ -n "$pid" ]; then
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    pid=
+  fi
+}
+cleanup() {
+  stop_service
+  if [ -n "${KEEP:-}" ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+
+(cd .. && go build -o "$work/sluice" ./cmd/sluice)
+go build -o "$work/loadgen" ./http
+
+# Port 0 lets the service pick free ports; its banner says which.
+cat >"$work/sluice.yaml" <<EOF
+listen:
+  http: "127.0.0.1:0"
+  admin: "127.0.0.1:0"
+store:
+  type: memory
+policies:
+  bench:
+    limit: "$LIMIT"
+EOF
+
+# start_service starts sluice serve and sets pid and url once /readyz
+# answers 200.
+start_service() {
+  "$work/sluice" serve -config "$work/sluice.yaml" -watch=false >"$work/serve.out" 2>"$work/serve.err" &
+  pid=$!
+  url=
+  for _ in $(seq 200); do
+    url=$(sed -n 's|^sluice: serving the HTTP API on \(http://[^ ]*\) .*|\1|p' "$work/serve.out")
+    if [ -n "$url" ] && curl -fsS "$url/readyz" >/dev/null 2>&1; then
+      return 0
+    fi
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  echo "run.sh: sluice serve did not become ready" >&2
+  cat "$work/serve.out" "$work/serve.err" >&2
+  exit 1
+}
+
+# seconds prints a duration of the form 1s, 1.5s, 500ms or 0 in seconds.
+seconds() {
+  case $1 in
+    0) echo 0 ;;
+    *ms) echo "${1%ms}" | awk '{ print $1 / 1000 }' ;;
+    *s) echo "${1%s}" ;;
+    *) echo "run.sh: duration $1: write it as 1s, 1.5s or 500ms" >&2; exit 1 ;;
+  esac
+}
+seconds "$WARMUP" >/dev/null
+seconds "$DURATION" >/dev/null
+
+# cpu_ticks prints the user + system CPU time of process $1, in clock ticks.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+echo "sluice serve, memory store, policy bench \"$LIMIT\"; $IN_FLIGHT in flight, $KEYS keys, $DURATION after ${WARMUP} of warm-up; $(nproc) cores"
+hz=$(getconf CLK_TCK)
+: >"$work/results"
+for round in $(seq "$ROUNDS"); do
+  for mode in $MODES; do
+    echo
+    echo "== round $round, $mode; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+    start_service
+    before=$(cpu_ticks "$pid")
+    "$work/loadgen" -url "$url" -policy bench -mode "$mode" -batch "$BATCH" -in-flight "$IN_FLIGHT" \
+      -keys "$KEYS" -duration "$DURATION" -warmup "$WARMUP" -seed "$round" | tee "$work/run.out"
+    after=$(cpu_ticks "$pid")
+    stop_service
+    # The service's CPU time covers the warm-up and the run, so it is
+    # divided by their length: the cores it used; over the decisions per
+    # second, the CPU time of one decision.
+    secs=$(awk '/^POST/ { sub("s$", "", $NF); print $NF }' "$work/run.out")
+    rate=$(sed -n 's/^result .*decisions\/s=\([0-9]*\).*/\1/p' "$work/run.out")
+    read -r cores per < <(awk -v t=$((after - before)) -v hz="$hz" -v s="$secs" -v w="$(seconds "$WARMUP")" -v r="$rate" \
+      'BEGIN { c = t / hz / (s + w); printf "%.2f %.2f\n", c, c * 1e6 / r }')
+    echo "service CPU $cores cores, ${per}µs a decision"
+    sed -n "/^result /s/\$/ service-cores=$cores service-cpu-us=$per/p" "$work/run.out" >>"$work/results"
+  done
+done
+
+# The median of each field of the result lines, by mode.
+echo
+echo "== medians of $ROUNDS rounds"
+for mode in $MODES; do
+  grep "mode=$mode " "$work/results" | awk -v mode="$mode" '
+    { for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "mode") continue
+        v = kv[2]; unit = v; sub(/^[0-9.]+/, "", unit); sub(/[^0-9.]+$/, "", v)
+        vals[kv[1], NR] = v; units[kv[1]] = unit; if (NR == 1) order[++n] = kv[1] } }
+    END { line = mode
+      for (j = 1; j <= n; j++) { k = order[j]; m = 0
+        for (r = 1; r <= NR; r++) a[r] = vals[k, r]
+        for (x = 1; x <= NR; x++) for (y = x + 1; y <= NR; y++) if (a[y] + 0 < a[x] + 0) { t = a[x]; a[x] = a[y]; a[y] = t }
+        med = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+        line = line " " k "=" med units[k] }
+      print line }'
+done
