@@ -22,8 +22,9 @@
 //
 // # The guarantee
 //
-// For any bucket and any interval (t0, t1], the total cost allowed is at
-// most the level at t0 plus (t1−t0)·n/P, and the level stays within [0, C].
+// For any bucket and any interval (t0, t1], the tokens taken are at most
+// the level at t0 plus (t1−t0)·n/P plus the tokens refunded, and the level
+// stays within [0, C].
 // Every store in this module is tested against an exact reference model
 // (package sluicetest) on random traces, under concurrency, with background
 // sweeps running and with clocks read out of order.
@@ -61,6 +62,29 @@
 //
 // Peek answers as a Take of the same cost would, without consuming
 // anything, without creating a bucket, and without a request ID.
+//
+// TakeAll decides several buckets together — a per-second burst and a
+// daily quota, a per-IP and a per-tenant limit — and takes from all of them
+// or from none: a request that one bucket denies costs the others nothing.
+// It is one atomic step (memstore locks the buckets' shards in a fixed
+// order; Redis runs one script; PostgreSQL one statement; Redis Cluster
+// documents how it handles buckets in different slots without ever
+// overselling). The MultiDecision says which bucket denied and the longest
+// wait. Multi-takes take no request ID.
+//
+// Drain takes what is there, up to the cost: for charges made after the
+// fact (bytes sent, tokens a model generated), where the work is done and
+// refusing it helps nobody. Its cost may exceed the capacity.
+//
+// Refund gives tokens back, never above the capacity: a reservation that
+// was not used, work that was cancelled. With the request ID of an allowed
+// take it undoes that take, once and for at most its cost; a second refund
+// of the same ID is Replayed and gives nothing, so a retried refund never
+// turns into extra tokens. ErrUnknownRequestID means the take is not (or no
+// longer) remembered.
+//
+// Reset makes a bucket full, as if it had never been used: "forget failed
+// logins after a successful one", or an operator's action.
 //
 // A Request with a RequestID is idempotent: the first allowed decision is
 // remembered, with the bucket update, for a bounded time; a retry gets it

@@ -24,6 +24,14 @@ var (
 	// a bucket was sent again with another cost or limit. Request IDs are
 	// scoped by policy and key.
 	ErrRequestIDConflict = errors.New("sluice: request ID reused with different parameters")
+	// ErrUnknownRequestID means a Refund named a request ID that the store
+	// does not remember as an allowed take of that bucket (never taken,
+	// denied, or forgotten after the store's request-ID TTL). Nothing was
+	// given back; refund without the ID to give tokens back unconditionally.
+	ErrUnknownRequestID = errors.New("sluice: unknown request ID")
+	// ErrInvalidMulti means a TakeAll had no buckets, more than MaxParts,
+	// or the same (policy, key) twice.
+	ErrInvalidMulti = errors.New("sluice: invalid multi-take")
 )
 
 // Errors about the store rather than the request.
@@ -53,13 +61,15 @@ var (
 
 // IsInvalid reports whether err says the request itself was wrong: it wraps
 // ErrInvalidPolicy, ErrInvalidKey, ErrInvalidCost, ErrInvalidLimit,
-// ErrInvalidRequestID or ErrRequestIDConflict. Such an error comes from
+// ErrInvalidRequestID, ErrRequestIDConflict, ErrUnknownRequestID or
+// ErrInvalidMulti. Such an error comes from
 // validation or from a store that answered; it is never a sign that the
 // store is unavailable, and a retry of the same request fails the same way.
 func IsInvalid(err error) bool {
 	return errors.Is(err, ErrInvalidPolicy) || errors.Is(err, ErrInvalidKey) ||
 		errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrInvalidLimit) ||
-		errors.Is(err, ErrInvalidRequestID) || errors.Is(err, ErrRequestIDConflict)
+		errors.Is(err, ErrInvalidRequestID) || errors.Is(err, ErrRequestIDConflict) ||
+		errors.Is(err, ErrUnknownRequestID) || errors.Is(err, ErrInvalidMulti)
 }
 
 // IsUnavailable reports whether err wraps ErrUnavailable: the store could

@@ -129,6 +129,10 @@ type Decision struct {
 	// if full), rounded up to the store's time unit; Never if it does not
 	// refill.
 	ResetAfter time.Duration
+	// Taken is what a Drain took (at most Cost) or, negative, what a
+	// Refund gave back. It is zero for Take, TakeAll and Peek, which take
+	// all of Cost when Allowed and nothing otherwise, and for a replay.
+	Taken int64
 	// Limit is the limit the decision was made under.
 	Limit Limit
 	// Replayed reports that this is the remembered decision of an earlier
@@ -148,6 +152,30 @@ type Store interface {
 	// Peek reports whether a take of r.Cost would succeed now, and when,
 	// without consuming anything and without creating state.
 	Peek(ctx context.Context, r Request) (Decision, error)
+}
+
+// Operator is a Store with the operations beyond a single take: several
+// buckets in one all-or-nothing decision, drain, refund and reset. Every
+// store in this module implements it, and so do guard and promstore over
+// a store that does. See the package documentation for the contract.
+type Operator interface {
+	Store
+	// TakeAll validates rs (ValidateAll), then takes each request's cost
+	// from its bucket if every bucket covers its cost, and from none
+	// otherwise, in one atomic step.
+	TakeAll(ctx context.Context, rs []Request) (MultiDecision, error)
+	// Drain validates r (ValidateDrain), then takes the smaller of r.Cost
+	// and the bucket's whole tokens; Allowed reports whether all of r.Cost
+	// was there, Taken what was taken.
+	Drain(ctx context.Context, r Request) (Decision, error)
+	// Refund validates r (ValidateRefund), then gives r.Cost tokens back
+	// to the bucket, never above its capacity. With a request ID it undoes
+	// the remembered allowed take of that ID, at most once and at most its
+	// cost.
+	Refund(ctx context.Context, r Request) (Decision, error)
+	// Reset makes the bucket of (policy, key) full again, as if it had
+	// never been used. Request-ID records are kept.
+	Reset(ctx context.Context, policy, key string) error
 }
 
 // LimitChecker is implemented by a Store that cannot decide every valid

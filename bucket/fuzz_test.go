@@ -59,6 +59,40 @@ func (b *planBuckets) take(now int64, r sluice.Request) (sluice.Decision, error)
 	return d, nil
 }
 
+func (b *planBuckets) drain(now int64, r sluice.Request) (sluice.Decision, error) {
+	if err := r.ValidateDrain(); err != nil {
+		return sluice.Decision{}, err
+	}
+	p, err := bucket.NewPlan(r.Limit, b.tick)
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	s := b.current(now, r.Key, &p)
+	var d sluice.Decision
+	p.Drain(&s, now, r.Cost, &d)
+	b.buckets[r.Key] = planBucket{s, p}
+	return d, nil
+}
+
+// refund gives tokens back; a missing bucket is full and stays missing.
+func (b *planBuckets) refund(now int64, r sluice.Request) (sluice.Decision, error) {
+	if err := r.ValidateRefund(); err != nil {
+		return sluice.Decision{}, err
+	}
+	p, err := bucket.NewPlan(r.Limit, b.tick)
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	_, ok := b.buckets[r.Key]
+	s := b.current(now, r.Key, &p)
+	var d sluice.Decision
+	p.Refund(&s, now, r.Cost, &d)
+	if ok {
+		b.buckets[r.Key] = planBucket{s, p}
+	}
+	return d, nil
+}
+
 func (b *planBuckets) peek(now int64, r sluice.Request) (sluice.Decision, error) {
 	if err := r.ValidatePeek(); err != nil {
 		return sluice.Decision{}, err

@@ -145,6 +145,7 @@ func (p *Plan) Take(s *State, now int64, cost int64, d *sluice.Decision) {
 	s.Tokens, s.Frac, s.Stamp = tokens, frac, stamp
 	d.Allowed = allowed
 	d.Remaining = tokens
+	d.Taken = 0
 	d.RetryAfter = retry
 	// d.ResetAfter = p.wait(tokens, frac, capacity, stamp-now), with the
 	// usual case (the clock not behind, a wait that fits) written out.
@@ -157,6 +158,49 @@ func (p *Plan) Take(s *State, now int64, cost int64, d *sluice.Decision) {
 	d.Limit = p.limit
 	d.Replayed = false
 	d.Degraded = false
+}
+
+// Drain refills *s at tick now, takes the smaller of cost and the whole
+// tokens there, and writes the decision to *d: Allowed reports whether all
+// of cost was there, Taken what was taken, RetryAfter (when not allowed)
+// the wait until cost tokens are there again, Never if cost exceeds the
+// capacity. cost must be at least 1; it may exceed the capacity.
+func (p *Plan) Drain(s *State, now int64, cost int64, d *sluice.Decision) {
+	var behind uint64
+	if now < s.Stamp {
+		behind = uint64(s.Stamp) - uint64(now)
+	}
+	*s = p.Refill(*s, now)
+	taken := min(cost, s.Tokens)
+	s.Tokens -= taken
+	*d = sluice.Decision{Allowed: taken == cost, Remaining: s.Tokens, Taken: taken, Limit: p.limit}
+	if !d.Allowed {
+		if cost > p.limit.Capacity {
+			d.RetryAfter = sluice.Never
+		} else {
+			d.RetryAfter = p.wait(s.Tokens, s.Frac, cost, behind)
+		}
+	}
+	d.ResetAfter = p.wait(s.Tokens, s.Frac, p.limit.Capacity, behind)
+}
+
+// Refund refills *s at tick now, gives tokens back, never above the
+// capacity (a level that reaches it is exactly full, its fraction
+// dropped), and writes the decision to *d: Allowed, and Taken minus the
+// whole tokens the level rose by. tokens must be in [1, capacity].
+func (p *Plan) Refund(s *State, now int64, tokens int64, d *sluice.Decision) {
+	var behind uint64
+	if now < s.Stamp {
+		behind = uint64(s.Stamp) - uint64(now)
+	}
+	*s = p.Refill(*s, now)
+	added := min(tokens, p.limit.Capacity-s.Tokens)
+	s.Tokens += added
+	if s.Tokens == p.limit.Capacity {
+		s.Frac = 0
+	}
+	*d = sluice.Decision{Allowed: true, Remaining: s.Tokens, Taken: -added, Limit: p.limit}
+	d.ResetAfter = p.wait(s.Tokens, s.Frac, p.limit.Capacity, behind)
 }
 
 // Peek reports s at tick now as a take of cost would see it, without taking

@@ -440,10 +440,20 @@ func TestPlanAgainstModel(t *testing.T) {
 					}
 					continue
 				}
-				got, err := b.take(now, r)
-				want, werr := model.Take(now, r)
+				op, bop, mop := "Take", b.take, model.Take
+				switch rng.IntN(6) {
+				case 0:
+					op, bop, mop = "Drain", b.drain, model.Drain
+					if rng.IntN(4) == 0 {
+						r.Cost += l.Capacity // a charge larger than the bucket
+					}
+				case 1:
+					op, bop, mop = "Refund", b.refund, model.Refund
+				}
+				got, err := bop(now, r)
+				want, werr := mop(now, r)
 				if err != nil || werr != nil || got != want {
-					t.Fatalf("%d: Take(%q, %d, %v) at %d = %+v, %v; the model says %+v, %v", i, key, r.Cost, l, now, got, err, want, werr)
+					t.Fatalf("%d: %s(%q, %d, %v) at %d = %+v, %v; the model says %+v, %v", i, op, key, r.Cost, l, now, got, err, want, werr)
 				}
 				if err := b.check(key); err != nil {
 					t.Fatalf("%d: %v", i, err)

@@ -52,6 +52,7 @@ type modelID struct {
 	at       int64 // tick of the first decision
 	cost     int64
 	decision sluice.Decision
+	refunded bool // a Refund with this ID has undone the take
 }
 
 // NewModel returns an empty Model of a store whose clock counts ticks of the
@@ -119,6 +120,141 @@ func (m *Model) Take(now int64, r sluice.Request) (sluice.Decision, error) {
 		m.ids[ik] = modelID{at: now, cost: r.Cost, decision: d}
 	}
 	return d, nil
+}
+
+// TakeAll decides rs together at tick now: validation errors first (the
+// sentinels of sluice.ValidateAll, or ErrInvalidLimit for a period that is
+// not a whole number of ticks), then every bucket is brought up to date
+// (refilled, converted to its request's limit) as a Take would, and each
+// cost is taken if every bucket covers its own, none otherwise. Each part's
+// Decision is the one a Take of that bucket alone would give, except that
+// nothing is taken from any bucket when one of them is short. An error
+// changes nothing.
+func (m *Model) TakeAll(now int64, rs []sluice.Request) (sluice.MultiDecision, error) {
+	if err := sluice.ValidateAll(rs); err != nil {
+		return sluice.MultiDecision{}, err
+	}
+	for i := range rs {
+		if err := m.checkTick(rs[i].Limit); err != nil {
+			return sluice.MultiDecision{}, fmt.Errorf("bucket %d: %w", i, err)
+		}
+	}
+	bs := make([]*modelBucket, len(rs))
+	all := true
+	for i, r := range rs {
+		bs[i] = m.current(now, modelKey{r.Policy, r.Key}, r.Limit)
+		if bs[i].level.Cmp(new(big.Rat).SetInt64(r.Cost)) < 0 {
+			all = false
+		}
+	}
+	md := sluice.MultiDecision{Parts: make([]sluice.Decision, len(rs))}
+	for i, r := range rs {
+		b := bs[i]
+		covers := b.level.Cmp(new(big.Rat).SetInt64(r.Cost)) >= 0
+		if all {
+			b.level.Sub(b.level, new(big.Rat).SetInt64(r.Cost))
+		}
+		m.buckets[modelKey{r.Policy, r.Key}] = b
+		md.Parts[i] = m.decision(b, covers, r.Cost, now)
+	}
+	md.Combine()
+	return md, nil
+}
+
+// Drain takes the smaller of r.Cost and the whole tokens of the bucket of
+// (r.Policy, r.Key) at tick now. Allowed reports whether all of r.Cost was
+// there; RetryAfter (when not) is the wait until it is, Never if r.Cost
+// exceeds the capacity. Errors wrap the sentinels of
+// sluice.Request.ValidateDrain.
+func (m *Model) Drain(now int64, r sluice.Request) (sluice.Decision, error) {
+	if err := r.ValidateDrain(); err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := m.checkTick(r.Limit); err != nil {
+		return sluice.Decision{}, err
+	}
+	k := modelKey{r.Policy, r.Key}
+	b := m.current(now, k, r.Limit)
+	taken := min(r.Cost, floor(b.level).Int64())
+	b.level.Sub(b.level, new(big.Rat).SetInt64(taken))
+	m.buckets[k] = b
+	d := m.decision(b, taken == r.Cost, min(r.Cost, r.Limit.Capacity), now)
+	if !d.Allowed && r.Cost > r.Limit.Capacity {
+		d.RetryAfter = sluice.Never
+	}
+	d.Taken = taken
+	return d, nil
+}
+
+// Refund gives r.Cost tokens back to the bucket of (r.Policy, r.Key) at
+// tick now, never above the capacity: the whole tokens t of the level rise
+// by a = min(r.Cost, capacity - t), and a level that reaches the capacity
+// is exactly full. Taken is -a. A missing bucket is full, and stays
+// missing.
+//
+// With a request ID, the refund undoes the remembered allowed take of that
+// ID (ErrUnknownRequestID if there is none, or its TTL has ended;
+// ErrRequestIDConflict if r.Limit is not the take's limit or r.Cost exceeds
+// its cost), once: a second refund of the ID is Replayed, with Taken 0,
+// and changes nothing. An error changes nothing.
+func (m *Model) Refund(now int64, r sluice.Request) (sluice.Decision, error) {
+	if err := r.ValidateRefund(); err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := m.checkTick(r.Limit); err != nil {
+		return sluice.Decision{}, err
+	}
+	k := modelKey{r.Policy, r.Key}
+	ik := modelIDKey{r.Policy, r.Key, r.RequestID}
+	var replay bool
+	if r.RequestID != "" {
+		rec, ok := m.ids[ik]
+		if !ok || now >= satAdd(rec.at, m.idTTL) {
+			return sluice.Decision{}, fmt.Errorf("%w: no allowed take of policy %q key %q with request ID %q is remembered", sluice.ErrUnknownRequestID, r.Policy, r.Key, r.RequestID)
+		}
+		if rec.decision.Limit != r.Limit || r.Cost > rec.cost {
+			return sluice.Decision{}, fmt.Errorf("%w: request ID %q of policy %q key %q took %d under %v; a refund of %d under %v does not undo it",
+				sluice.ErrRequestIDConflict, r.RequestID, r.Policy, r.Key, rec.cost, rec.decision.Limit, r.Cost, r.Limit)
+		}
+		replay = rec.refunded
+		if !replay {
+			rec.refunded = true
+			m.ids[ik] = rec
+		}
+	}
+	b := m.current(now, k, r.Limit)
+	var added int64
+	if !replay {
+		tokens := floor(b.level).Int64()
+		added = min(r.Cost, r.Limit.Capacity-tokens)
+		if tokens+added == r.Limit.Capacity {
+			b.level = new(big.Rat).SetInt64(r.Limit.Capacity)
+		} else {
+			b.level.Add(b.level, new(big.Rat).SetInt64(added))
+		}
+		if _, ok := m.buckets[k]; ok {
+			m.buckets[k] = b
+		}
+	}
+	d := m.decision(b, true, 1, now)
+	d.Taken = -added
+	d.Replayed = replay
+	return d, nil
+}
+
+// Reset makes the bucket of (policy, key) full at tick now, as if it had
+// never been used: stamped at now, or at its old stamp if that is later
+// (time never runs backwards inside a bucket). Request IDs are kept.
+// Errors wrap the sentinels of sluice.ValidateReset.
+func (m *Model) Reset(now int64, policy, key string) error {
+	if err := sluice.ValidateReset(policy, key); err != nil {
+		return err
+	}
+	k := modelKey{policy, key}
+	if b, ok := m.buckets[k]; ok {
+		m.buckets[k] = &modelBucket{level: new(big.Rat).SetInt64(b.limit.Capacity), stamp: max(now, b.stamp), limit: b.limit}
+	}
+	return nil
 }
 
 // Peek reports the bucket of (r.Policy, r.Key) at tick now as a take of
