@@ -74,7 +74,8 @@ func (b *planBuckets) drain(now int64, r sluice.Request) (sluice.Decision, error
 	return d, nil
 }
 
-// refund gives tokens back; a missing bucket is full and stays missing.
+// refund gives tokens back; a full bucket (a missing one is) is not
+// written.
 func (b *planBuckets) refund(now int64, r sluice.Request) (sluice.Decision, error) {
 	if err := r.ValidateRefund(); err != nil {
 		return sluice.Decision{}, err
@@ -83,14 +84,19 @@ func (b *planBuckets) refund(now int64, r sluice.Request) (sluice.Decision, erro
 	if err != nil {
 		return sluice.Decision{}, err
 	}
-	_, ok := b.buckets[r.Key]
 	s := b.current(now, r.Key, &p)
 	var d sluice.Decision
-	p.Refund(&s, now, r.Cost, &d)
-	if ok {
+	if p.Refund(&s, now, r.Cost, &d) {
 		b.buckets[r.Key] = planBucket{s, p}
 	}
 	return d, nil
+}
+
+// reset makes a bucket full under its own limit.
+func (b *planBuckets) reset(now int64, key string) {
+	if bk, ok := b.buckets[key]; ok && bk.p.Reset(&bk.s, now) {
+		b.buckets[key] = bk
+	}
 }
 
 func (b *planBuckets) peek(now int64, r sluice.Request) (sluice.Decision, error) {

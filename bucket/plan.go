@@ -188,19 +188,41 @@ func (p *Plan) Drain(s *State, now int64, cost int64, d *sluice.Decision) {
 // capacity (a level that reaches it is exactly full, its fraction
 // dropped), and writes the decision to *d: Allowed, and Taken minus the
 // whole tokens the level rose by. tokens must be in [1, capacity].
-func (p *Plan) Refund(s *State, now int64, tokens int64, d *sluice.Decision) {
+//
+// It reports whether the bucket changed: a bucket that is full at now
+// (as a missing one is) is left exactly as it was, stamp included, and a
+// store writes nothing for it.
+func (p *Plan) Refund(s *State, now int64, tokens int64, d *sluice.Decision) (changed bool) {
 	var behind uint64
 	if now < s.Stamp {
 		behind = uint64(s.Stamp) - uint64(now)
 	}
-	*s = p.Refill(*s, now)
-	added := min(tokens, p.limit.Capacity-s.Tokens)
-	s.Tokens += added
-	if s.Tokens == p.limit.Capacity {
-		s.Frac = 0
+	r := p.Refill(*s, now)
+	*d = sluice.Decision{Allowed: true, Remaining: r.Tokens, Limit: p.limit}
+	if r.Tokens >= p.limit.Capacity {
+		return false
 	}
-	*d = sluice.Decision{Allowed: true, Remaining: s.Tokens, Taken: -added, Limit: p.limit}
-	d.ResetAfter = p.wait(s.Tokens, s.Frac, p.limit.Capacity, behind)
+	added := min(tokens, p.limit.Capacity-r.Tokens)
+	r.Tokens += added
+	if r.Tokens == p.limit.Capacity {
+		r.Frac = 0
+	}
+	*s = r
+	d.Remaining, d.Taken = r.Tokens, -added
+	d.ResetAfter = p.wait(r.Tokens, r.Frac, p.limit.Capacity, behind)
+	return true
+}
+
+// Reset makes *s full at tick now, stamped at now or at its stamp if that
+// is later, unless it is full at now already. It reports whether the
+// bucket changed; a store writes nothing when it did not.
+func (p *Plan) Reset(s *State, now int64) (changed bool) {
+	r := p.Refill(*s, now)
+	if r.Tokens >= p.limit.Capacity {
+		return false
+	}
+	*s = State{Tokens: p.limit.Capacity, Stamp: r.Stamp}
+	return true
 }
 
 // Peek reports s at tick now as a take of cost would see it, without taking

@@ -440,6 +440,13 @@ func TestPlanAgainstModel(t *testing.T) {
 					}
 					continue
 				}
+				if rng.IntN(20) == 0 {
+					b.reset(now, key)
+					if err := model.Reset(now, "p", key); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
 				op, bop, mop := "Take", b.take, model.Take
 				switch rng.IntN(6) {
 				case 0:

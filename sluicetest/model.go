@@ -189,8 +189,8 @@ func (m *Model) Drain(now int64, r sluice.Request) (sluice.Decision, error) {
 // Refund gives r.Cost tokens back to the bucket of (r.Policy, r.Key) at
 // tick now, never above the capacity: the whole tokens t of the level rise
 // by a = min(r.Cost, capacity - t), and a level that reaches the capacity
-// is exactly full. Taken is -a. A missing bucket is full, and stays
-// missing.
+// is exactly full. Taken is -a. A bucket that is full at now (a missing
+// one is) is left as it is: nothing is written, nothing created.
 //
 // With a request ID, the refund undoes the remembered allowed take of that
 // ID (ErrUnknownRequestID if there is none, or its TTL has ended;
@@ -224,7 +224,8 @@ func (m *Model) Refund(now int64, r sluice.Request) (sluice.Decision, error) {
 	}
 	b := m.current(now, k, r.Limit)
 	var added int64
-	if !replay {
+	full := b.level.Cmp(new(big.Rat).SetInt64(r.Limit.Capacity)) == 0
+	if !replay && !full {
 		tokens := floor(b.level).Int64()
 		added = min(r.Cost, r.Limit.Capacity-tokens)
 		if tokens+added == r.Limit.Capacity {
@@ -232,9 +233,7 @@ func (m *Model) Refund(now int64, r sluice.Request) (sluice.Decision, error) {
 		} else {
 			b.level.Add(b.level, new(big.Rat).SetInt64(added))
 		}
-		if _, ok := m.buckets[k]; ok {
-			m.buckets[k] = b
-		}
+		m.buckets[k] = b
 	}
 	d := m.decision(b, true, 1, now)
 	d.Taken = -added
@@ -244,15 +243,20 @@ func (m *Model) Refund(now int64, r sluice.Request) (sluice.Decision, error) {
 
 // Reset makes the bucket of (policy, key) full at tick now, as if it had
 // never been used: stamped at now, or at its old stamp if that is later
-// (time never runs backwards inside a bucket). Request IDs are kept.
+// (time never runs backwards inside a bucket). A bucket that is full at
+// now (a missing one is) is left as it is. Request IDs are kept.
 // Errors wrap the sentinels of sluice.ValidateReset.
 func (m *Model) Reset(now int64, policy, key string) error {
 	if err := sluice.ValidateReset(policy, key); err != nil {
 		return err
 	}
 	k := modelKey{policy, key}
-	if b, ok := m.buckets[k]; ok {
-		m.buckets[k] = &modelBucket{level: new(big.Rat).SetInt64(b.limit.Capacity), stamp: max(now, b.stamp), limit: b.limit}
+	b, ok := m.buckets[k]
+	if !ok {
+		return nil
+	}
+	if c := m.current(now, k, b.limit); c.level.Cmp(new(big.Rat).SetInt64(b.limit.Capacity)) < 0 {
+		m.buckets[k] = &modelBucket{level: new(big.Rat).SetInt64(b.limit.Capacity), stamp: c.stamp, limit: b.limit}
 	}
 	return nil
 }

@@ -137,6 +137,10 @@ func (s Suite) testModel(t *testing.T) {
 			"TakeID":      m.takeID,
 			"Sweep":       m.sweepNow,
 			"Bad":         m.bad,
+			"TakeAll":     m.takeAll,
+			"Drain":       m.drain,
+			"Refund":      m.refund,
+			"Reset":       m.reset,
 			"":            m.check,
 		})
 	})
@@ -272,6 +276,74 @@ func (m *machine) bad(t *rapid.T) {
 		q.RequestID = ""
 		m.r.peekReq(t, q)
 	}
+}
+
+// operator skips the action if the store is not a sluice.Operator.
+func (m *machine) operator(t *rapid.T) {
+	if _, ok := m.r.store.(sluice.Operator); !ok {
+		t.Skip("the store does not implement sluice.Operator")
+	}
+}
+
+// takeAll decides 1 to 4 distinct buckets together, each under its limit
+// (sometimes another of the pool, which converts it).
+func (m *machine) takeAll(t *rapid.T) {
+	m.operator(t)
+	n := rapid.IntRange(1, 4).Draw(t, "parts")
+	var rs []sluice.Request
+	seen := map[modelKey]bool{}
+	for range n {
+		key := m.key(t)
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		l := m.limitOf(key)
+		if rapid.IntRange(0, 4).Draw(t, "other limit (0)") == 0 {
+			l = rapid.SampledFrom(m.limits).Draw(t, "part limit")
+			m.using[key] = l
+		}
+		rs = append(rs, sluice.Request{Policy: key.policy, Key: key.key, Cost: costGen(l.Capacity).Draw(t, "part cost"), Limit: l})
+	}
+	m.r.takeAll(t, rs)
+}
+
+// drain drains a bucket by a cost that sometimes exceeds its capacity.
+func (m *machine) drain(t *rapid.T) {
+	m.operator(t)
+	key := m.key(t)
+	l := m.limitOf(key)
+	cost := costGen(l.Capacity).Draw(t, "drain cost")
+	if rapid.Bool().Draw(t, "more than the capacity") {
+		cost = l.Capacity + rapid.Int64Range(1, sluice.MaxCapacity).Draw(t, "excess")
+	}
+	m.r.drain(t, sluice.Request{Policy: key.policy, Key: key.key, Cost: cost, Limit: l})
+}
+
+// refund gives tokens back: without a request ID, or with one of the
+// takeID pool (a remembered take, refunded once; or unknown).
+func (m *machine) refund(t *rapid.T) {
+	m.operator(t)
+	key := m.key(t)
+	req := sluice.Request{Policy: key.policy, Key: key.key, Limit: m.limitOf(key)}
+	if rapid.Bool().Draw(t, "with a request ID") {
+		req.RequestID = rapid.SampledFrom([]string{"r0", "r1", "r2"}).Draw(t, "request ID")
+		if rec, ok := m.r.model.ids[modelIDKey{key.policy, key.key, req.RequestID}]; ok && rapid.Bool().Draw(t, "the take's limit") {
+			req.Limit = rec.decision.Limit
+			req.Cost = rapid.Int64Range(1, rec.cost).Draw(t, "refund cost")
+			m.r.refund(t, req)
+			return
+		}
+	}
+	req.Cost = costGen(req.Limit.Capacity).Draw(t, "refund cost")
+	m.r.refund(t, req)
+}
+
+// reset makes a bucket full.
+func (m *machine) reset(t *rapid.T) {
+	m.operator(t)
+	key := m.key(t)
+	m.r.reset(t, key.policy, key.key)
 }
 
 // check verifies the model's own invariant: every level is in [0, C].

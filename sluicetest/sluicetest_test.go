@@ -51,6 +51,44 @@ func (s *modelStore) Peek(ctx context.Context, r sluice.Request) (sluice.Decisio
 	return s.m.Peek(s.ticks(), r)
 }
 
+func (s *modelStore) TakeAll(ctx context.Context, rs []sluice.Request) (sluice.MultiDecision, error) {
+	if err := ctx.Err(); err != nil {
+		return sluice.MultiDecision{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m.TakeAll(s.ticks(), rs)
+}
+
+func (s *modelStore) Drain(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return sluice.Decision{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m.Drain(s.ticks(), r)
+}
+
+func (s *modelStore) Refund(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return sluice.Decision{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m.Refund(s.ticks(), r)
+}
+
+func (s *modelStore) Reset(ctx context.Context, policy, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m.Reset(s.ticks(), policy, key)
+}
+
+var _ sluice.Operator = (*modelStore)(nil)
+
 // sweep drops what the model's Sweep drops, at the store's current tick.
 func (s *modelStore) sweep() {
 	s.mu.Lock()
@@ -99,6 +137,38 @@ func (s refusingStore) Peek(ctx context.Context, r sluice.Request) (sluice.Decis
 		return sluice.Decision{}, err
 	}
 	return s.modelStore.Peek(ctx, r)
+}
+
+func (s refusingStore) TakeAll(ctx context.Context, rs []sluice.Request) (sluice.MultiDecision, error) {
+	if err := sluice.ValidateAll(rs); err != nil {
+		return sluice.MultiDecision{}, err
+	}
+	for _, r := range rs {
+		if err := s.refuse(r.Limit); err != nil {
+			return sluice.MultiDecision{}, err
+		}
+	}
+	return s.modelStore.TakeAll(ctx, rs)
+}
+
+func (s refusingStore) Drain(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := r.ValidateDrain(); err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := s.refuse(r.Limit); err != nil {
+		return sluice.Decision{}, err
+	}
+	return s.modelStore.Drain(ctx, r)
+}
+
+func (s refusingStore) Refund(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := r.ValidateRefund(); err != nil {
+		return sluice.Decision{}, err
+	}
+	if err := s.refuse(r.Limit); err != nil {
+		return sluice.Decision{}, err
+	}
+	return s.modelStore.Refund(ctx, r)
 }
 
 // TestRunRefusingStore runs the suite against a store that refuses limits

@@ -155,6 +155,14 @@ func Run(t *testing.T, s Suite) {
 	t.Run("Policies", s.testPolicies)
 	t.Run("StaleReadingSweep", s.testStaleReadingSweep)
 	t.Run("ConcurrentStaleSweeps", s.testConcurrentStaleSweeps)
+	// The operations of sluice.Operator, for a store that implements it.
+	t.Run("TakeAll", s.testTakeAll)
+	t.Run("Drain", s.testDrain)
+	t.Run("Refund", s.testRefund)
+	t.Run("Reset", s.testReset)
+	t.Run("OpsBadInput", s.testOpsBadInput)
+	t.Run("ConcurrentTakeAll", s.testConcurrentTakeAll)
+	t.Run("ConcurrentDrainRefund", s.testConcurrentDrainRefund)
 }
 
 // tb is what the checks need of *testing.T and *rapid.T.
@@ -366,6 +374,8 @@ var sentinels = []error{
 	sluice.ErrInvalidLimit,
 	sluice.ErrInvalidRequestID,
 	sluice.ErrRequestIDConflict,
+	sluice.ErrUnknownRequestID,
+	sluice.ErrInvalidMulti,
 	sluice.ErrTooManyKeys,
 }
 
