@@ -34,6 +34,16 @@ var (
 	ErrInvalidMulti = errors.New("sluice: invalid multi-take")
 )
 
+// Errors of Limiter.Wait: the wait was not started.
+var (
+	// ErrWaitNever means no wait can cover the cost: the bucket does not
+	// refill.
+	ErrWaitNever = errors.New("sluice: waiting cannot help")
+	// ErrWaitTooLong means the wait would end after the context's
+	// deadline.
+	ErrWaitTooLong = errors.New("sluice: wait would exceed the context deadline")
+)
+
 // Errors about the store rather than the request.
 var (
 	// ErrTooManyKeys means the store holds its maximum number of buckets,

@@ -2,6 +2,7 @@ package sluice_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -90,4 +91,46 @@ func ExampleRequest_policy() {
 	// true 4 true 1
 	// true 3 true 0
 	// true 2 false 0
+}
+
+// Wait sleeps until the bucket has the tokens, for work that should be
+// slowed down rather than refused: a batch job calling a partner's API,
+// here at 50 calls a second after a burst of 1.
+func ExampleLimiter_Wait() {
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
+	lim, err := sluice.NewLimiter(store, "partner-api", sluice.Limit{Capacity: 1, Rate: sluice.PerSecond(50)})
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	begin := time.Now()
+	for range 6 {
+		if _, err := lim.Wait(ctx, "batch-job", 1); err != nil {
+			panic(err)
+		}
+	}
+	// One call at once, five more at 20 ms intervals.
+	fmt.Println(time.Since(begin) >= 100*time.Millisecond)
+
+	// A wait that cannot end before the deadline is refused at once: a
+	// quota of one call a minute, spent, under a deadline of a second.
+	perMinute, err := sluice.NewLimiter(store, "partner-api-slow", sluice.Limit{Capacity: 1, Rate: sluice.Every(time.Minute)})
+	if err != nil {
+		panic(err)
+	}
+	if _, err := perMinute.Wait(ctx, "batch-job", 1); err != nil {
+		panic(err)
+	}
+	second, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	d, err := perMinute.Wait(second, "batch-job", 1)
+	fmt.Println(errors.Is(err, sluice.ErrWaitTooLong), d.RetryAfter > 59*time.Second)
+	// Output:
+	// true
+	// true true
 }

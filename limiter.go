@@ -3,6 +3,7 @@ package sluice
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // Limiter binds a Store to one policy and one Limit, for the common case of
@@ -71,4 +72,55 @@ func (lim *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 // succeed now, and when it would, without taking anything.
 func (lim *Limiter) PeekN(ctx context.Context, key string, cost int64) (Decision, error) {
 	return lim.store.Peek(ctx, Request{Policy: lim.policy, Key: key, Cost: cost, Limit: lim.limit})
+}
+
+// minWait is the shortest sleep of Wait between two takes, so that a
+// denial that names no wait (a store that cannot tell) is not retried in a
+// busy loop.
+const minWait = time.Millisecond
+
+// Wait takes cost tokens from the bucket of key, sleeping until the bucket
+// has them, as golang.org/x/time/rate's Limiter.Wait does. It returns the
+// allowed decision, or:
+//   - at once, an error wrapping ErrWaitNever with the denial, if no wait
+//     can cover cost (the bucket does not refill);
+//   - at once, an error wrapping ErrWaitTooLong with the denial, if the
+//     wait the bucket names would end after ctx's deadline (Wait never
+//     sleeps past it);
+//   - ctx's error, if ctx ends while it sleeps;
+//   - the store's error, as Take returns it.
+//
+// After each sleep it takes again: another caller may have taken the
+// tokens first, and then it waits again. Each take is a new decision (no
+// request ID), so a cancelled Wait has taken nothing.
+func (lim *Limiter) Wait(ctx context.Context, key string, cost int64) (Decision, error) {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		d, err := lim.AllowN(ctx, key, cost)
+		if err != nil || d.Allowed {
+			return d, err
+		}
+		if d.RetryAfter == Never {
+			return d, fmt.Errorf("%w: policy %q key %q: a take of %d under %v never succeeds", ErrWaitNever, lim.policy, key, cost, d.Limit)
+		}
+		wait := max(d.RetryAfter, minWait)
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+			return d, fmt.Errorf("%w: policy %q key %q: a take of %d needs %v, past the context's deadline", ErrWaitTooLong, lim.policy, key, cost, d.RetryAfter)
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-ctx.Done():
+			return Decision{}, ctx.Err()
+		case <-timer.C:
+		}
+	}
 }
