@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice"
@@ -25,14 +26,35 @@ var ErrUnknownPolicy = errors.New("service: unknown policy")
 
 // Policy is a named quota as the service decides it.
 type Policy struct {
-	// Name is the policy name, the bucket namespace in the store.
+	// Name is the policy name, the name requests give.
 	Name string
-	// Limit is the limit of every key of the policy.
+	// Limit is the policy's first limit: the only one of a policy with one.
 	Limit sluice.Limit
+	// Limits are all of the policy's limits, decided together: a take is
+	// allowed only if every limit allows it, and then charged to all of
+	// them (one all-or-nothing sluice.Operator.TakeAll). Limits[0] is
+	// Limit. NewTable fills it from Limit when it is empty.
+	Limits []sluice.Limit
 	// Shadow makes the policy decide and record, but always allow: a
 	// denial is answered as allowed, with Result.ShadowDenied set, so a
 	// limit can be tried on live traffic before it is enforced.
 	Shadow bool
+	// buckets are the store's policy names of the limits: Name for the
+	// first, Name/1, Name/2, ... for the others.
+	buckets []string
+}
+
+// Bucket returns the store's policy name of the policy's i-th limit: the
+// policy's name for the first, name/i for the others, so that adding a
+// limit to a policy keeps the buckets of its first.
+func (p Policy) Bucket(i int) string { return p.buckets[i] }
+
+// bucketName is the store's policy name of limit i of policy name.
+func bucketName(name string, i int) string {
+	if i == 0 {
+		return name
+	}
+	return name + "/" + strconv.Itoa(i)
 }
 
 // Table is an immutable set of policies with the version of the config it
@@ -49,6 +71,7 @@ type Table struct {
 // content hash) in status answers and metrics.
 func NewTable(store sluice.Store, version string, policies []Policy) (*Table, error) {
 	t := &Table{version: version, policies: make(map[string]Policy, len(policies))}
+	owner := map[string]string{} // store policy name -> the policy it belongs to
 	var errs []error
 	for _, p := range policies {
 		if err := sluice.ValidatePolicy(p.Name); err != nil {
@@ -59,8 +82,39 @@ func NewTable(store sluice.Store, version string, policies []Policy) (*Table, er
 			errs = append(errs, fmt.Errorf("%w: policy %q is defined twice", sluice.ErrInvalidOption, p.Name))
 			continue
 		}
-		if err := sluice.CheckLimit(store, p.Limit); err != nil {
-			errs = append(errs, fmt.Errorf("policy %q: %w", p.Name, err))
+		if len(p.Limits) == 0 {
+			p.Limits = []sluice.Limit{p.Limit}
+		}
+		p.Limits = append([]sluice.Limit(nil), p.Limits...)
+		p.Limit = p.Limits[0]
+		if len(p.Limits) > sluice.MaxParts {
+			errs = append(errs, fmt.Errorf("%w: policy %q has %d limits, more than %d", sluice.ErrInvalidOption, p.Name, len(p.Limits), sluice.MaxParts))
+			continue
+		}
+		if _, ok := store.(sluice.Operator); len(p.Limits) > 1 && !ok {
+			errs = append(errs, fmt.Errorf("%w: policy %q has %d limits, and the store (%T) cannot decide several limits together", sluice.ErrInvalidOption, p.Name, len(p.Limits), store))
+			continue
+		}
+		bad := false
+		p.buckets = make([]string, len(p.Limits))
+		for i, l := range p.Limits {
+			b := bucketName(p.Name, i)
+			p.buckets[i] = b
+			if err := sluice.ValidatePolicy(b); err != nil {
+				errs = append(errs, fmt.Errorf("policy %q, limit %d: its bucket name %q: %w", p.Name, i, b, err))
+				bad = true
+			}
+			if o, dup := owner[b]; dup {
+				errs = append(errs, fmt.Errorf("%w: policy %q's limit %d has the bucket name %q, which policy %q uses; rename one", sluice.ErrInvalidOption, p.Name, i, b, o))
+				bad = true
+			}
+			owner[b] = p.Name
+			if err := sluice.CheckLimit(store, l); err != nil {
+				errs = append(errs, fmt.Errorf("policy %q: %w", p.Name, err))
+				bad = true
+			}
+		}
+		if bad {
 			continue
 		}
 		t.policies[p.Name] = p
@@ -104,9 +158,21 @@ type Request struct {
 
 // Result is a decision of the core.
 type Result struct {
+	// Decision is the policy's decision. For a policy of several limits it
+	// combines the parts: Allowed if all allowed; Remaining the least of
+	// theirs; RetryAfter the longest wait of a denying limit; ResetAfter
+	// the longest; Limit that of the denying limit (Denied), or of the
+	// limit with the fewest tokens left when allowed; Taken, for a drain,
+	// the least any limit took.
 	sluice.Decision
 	// Policy is the policy the decision was made under.
 	Policy Policy
+	// Parts holds each limit's own decision, in the order of
+	// Policy.Limits, for a policy of several limits; nil for one.
+	Parts []sluice.Decision
+	// Denied is the index in Parts of the limit that decided a denial, or
+	// -1.
+	Denied int
 	// ShadowDenied reports that the store denied the request and the
 	// policy's shadow mode allowed it anyway.
 	ShadowDenied bool
@@ -154,22 +220,40 @@ func (c *Core) SetTable(t *Table) { c.table.Store(t) }
 // Store returns the store the core decides in.
 func (c *Core) Store() sluice.Store { return c.store }
 
-// Take takes r.Cost tokens from the bucket of (r.Policy, r.Key). The error
-// wraps ErrUnknownPolicy, a sluice parameter error (sluice.IsInvalid), or
-// the store's error.
+// Take takes r.Cost tokens from the bucket of (r.Policy, r.Key), or from
+// the buckets of all of the policy's limits at once, all or nothing. The
+// error wraps ErrUnknownPolicy, a sluice parameter error (sluice.IsInvalid;
+// a request ID for a policy of several limits is
+// sluice.ErrInvalidRequestID), or the store's error.
 func (c *Core) Take(ctx context.Context, r Request) (Result, error) {
 	p, req, err := c.request(r)
 	if err != nil {
 		return Result{}, err
 	}
+	if len(p.Limits) > 1 {
+		if r.RequestID != "" {
+			return Result{}, fmt.Errorf("%w: policy %q has %d limits decided together, which take no request ID", sluice.ErrInvalidRequestID, p.Name, len(p.Limits))
+		}
+		ops, err := c.operator(p)
+		if err != nil {
+			return Result{}, err
+		}
+		md, err := ops.TakeAll(ctx, parts(p, r))
+		if err != nil {
+			return Result{}, err
+		}
+		res := combine(p, md.Parts, md.Denied)
+		res.Degraded = md.Degraded
+		return c.shadow(res), nil
+	}
 	d, err := c.store.Take(ctx, req)
 	if err != nil {
 		return Result{}, err
 	}
-	return c.result(p, d), nil
+	return c.shadow(Result{Decision: d, Policy: p, Denied: denied(d)}), nil
 }
 
-// Peek reports whether a take of r.Cost from the bucket of (r.Policy,
+// Peek reports whether a take of r.Cost from the bucket(s) of (r.Policy,
 // r.Key) would be allowed now, without taking anything. r.RequestID must be
 // empty.
 func (c *Core) Peek(ctx context.Context, r Request) (Result, error) {
@@ -177,12 +261,114 @@ func (c *Core) Peek(ctx context.Context, r Request) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	// A peek reports what is, shadow or not: it allows nothing.
+	if len(p.Limits) > 1 {
+		if r.RequestID != "" {
+			return Result{}, fmt.Errorf("%w: a peek takes no request ID (got %d bytes)", sluice.ErrInvalidRequestID, len(r.RequestID))
+		}
+		ds := make([]sluice.Decision, len(p.Limits))
+		for i, q := range parts(p, r) {
+			if ds[i], err = c.store.Peek(ctx, q); err != nil {
+				return Result{}, fmt.Errorf("limit %d of policy %q: %w", i, p.Name, err)
+			}
+		}
+		md := sluice.MultiDecision{Parts: ds}
+		md.Combine()
+		return combine(p, ds, md.Denied), nil
+	}
 	d, err := c.store.Peek(ctx, req)
 	if err != nil {
 		return Result{}, err
 	}
-	// A peek reports what is, shadow or not: it allows nothing.
-	return Result{Decision: d, Policy: p}, nil
+	return Result{Decision: d, Policy: p, Denied: denied(d)}, nil
+}
+
+// Drain takes what is there, up to r.Cost (which may exceed a capacity),
+// from the bucket of each of the policy's limits: a charge made after the
+// fact is charged to every limit, each as far as it can. Allowed reports
+// whether every limit had all of r.Cost. r.RequestID must be empty.
+func (c *Core) Drain(ctx context.Context, r Request) (Result, error) {
+	p, _, err := c.request(r)
+	if err != nil {
+		return Result{}, err
+	}
+	ops, err := c.operator(p)
+	if err != nil {
+		return Result{}, err
+	}
+	ds := make([]sluice.Decision, len(p.Limits))
+	for i, q := range parts(p, r) {
+		q.RequestID = r.RequestID // refused by ValidateDrain, with the store's message
+		if ds[i], err = ops.Drain(ctx, q); err != nil {
+			return Result{}, limitErr(p, i, err)
+		}
+	}
+	return c.shadow(c.resultOf(p, ds)), nil
+}
+
+// Refund gives r.Cost tokens back to the bucket of each of the policy's
+// limits, never above a capacity. With r.RequestID (a policy of one limit
+// only: several limits take no request ID) it undoes that take, once.
+func (c *Core) Refund(ctx context.Context, r Request) (Result, error) {
+	p, _, err := c.request(r)
+	if err != nil {
+		return Result{}, err
+	}
+	if len(p.Limits) > 1 && r.RequestID != "" {
+		return Result{}, fmt.Errorf("%w: policy %q has %d limits decided together, whose takes have no request ID to refund", sluice.ErrInvalidRequestID, p.Name, len(p.Limits))
+	}
+	ops, err := c.operator(p)
+	if err != nil {
+		return Result{}, err
+	}
+	ds := make([]sluice.Decision, len(p.Limits))
+	for i, q := range parts(p, r) {
+		q.RequestID = r.RequestID
+		if ds[i], err = ops.Refund(ctx, q); err != nil {
+			return Result{}, limitErr(p, i, err)
+		}
+	}
+	return c.resultOf(p, ds), nil
+}
+
+// Reset makes the bucket of key under each of the policy's limits full.
+func (c *Core) Reset(ctx context.Context, policy, key string) (Policy, error) {
+	p, ok := c.table.Load().Lookup(policy)
+	if !ok {
+		if c.hooks.UnknownPolicy != nil {
+			c.hooks.UnknownPolicy()
+		}
+		return Policy{}, fmt.Errorf("%w: %q", ErrUnknownPolicy, policy)
+	}
+	ops, err := c.operator(p)
+	if err != nil {
+		return Policy{}, err
+	}
+	for i := range p.Limits {
+		if err := ops.Reset(ctx, p.Bucket(i), key); err != nil {
+			return Policy{}, limitErr(p, i, err)
+		}
+	}
+	return p, nil
+}
+
+// operator returns the store as a sluice.Operator, or an error if it is
+// not one.
+func (c *Core) operator(p Policy) (sluice.Operator, error) {
+	ops, ok := c.store.(sluice.Operator)
+	if !ok {
+		return nil, fmt.Errorf("%w: the store (%T) has no drain, refund, reset or multi-limit take (policy %q)", sluice.ErrInvalidOption, c.store, p.Name)
+	}
+	return ops, nil
+}
+
+// limitErr names the limit an error of a policy of several limits came
+// from.
+func limitErr(p Policy, i int, err error) error {
+	if len(p.Limits) == 1 {
+		return err
+	}
+	return fmt.Errorf("limit %d of policy %q: %w", i, p.Name, err)
 }
 
 func (c *Core) request(r Request) (Policy, sluice.Request, error) {
@@ -196,16 +382,77 @@ func (c *Core) request(r Request) (Policy, sluice.Request, error) {
 	return p, sluice.Request{Policy: p.Name, Key: r.Key, Cost: r.Cost, Limit: p.Limit, RequestID: r.RequestID}, nil
 }
 
-func (c *Core) result(p Policy, d sluice.Decision) Result {
-	res := Result{Decision: d, Policy: p}
-	// Shadow mode allows whatever the store (or, when it is down, the
-	// failure policy) decided: the policy is recorded, not enforced.
-	if p.Shadow && !d.Allowed {
+// parts returns the store requests of r under each of p's limits, without
+// request IDs.
+func parts(p Policy, r Request) []sluice.Request {
+	rs := make([]sluice.Request, len(p.Limits))
+	for i, l := range p.Limits {
+		rs[i] = sluice.Request{Policy: p.Bucket(i), Key: r.Key, Cost: r.Cost, Limit: l}
+	}
+	return rs
+}
+
+// resultOf is the result of per-limit decisions made one by one (drain,
+// refund), for a policy of one limit or several.
+func (c *Core) resultOf(p Policy, ds []sluice.Decision) Result {
+	if len(ds) == 1 {
+		return Result{Decision: ds[0], Policy: p, Denied: denied(ds[0])}
+	}
+	md := sluice.MultiDecision{Parts: ds}
+	md.Combine()
+	res := combine(p, ds, md.Denied)
+	for _, d := range ds {
+		res.Degraded = res.Degraded || d.Degraded
+	}
+	return res
+}
+
+func denied(d sluice.Decision) int {
+	if d.Allowed {
+		return -1
+	}
+	return 0
+}
+
+// combine is the Result of a policy of several limits from their
+// decisions; den is the index of the denying limit, or -1.
+func combine(p Policy, ds []sluice.Decision, den int) Result {
+	res := Result{Policy: p, Parts: ds, Denied: den}
+	d := sluice.Decision{Allowed: den < 0, Remaining: ds[0].Remaining, Limit: ds[0].Limit, Taken: ds[0].Taken}
+	least := 0
+	for i, x := range ds {
+		if x.Remaining < ds[least].Remaining {
+			least = i
+		}
+		d.Remaining = min(d.Remaining, x.Remaining)
+		d.ResetAfter = max(d.ResetAfter, x.ResetAfter)
+		d.Replayed = d.Replayed || x.Replayed
+		if x.Taken >= 0 {
+			d.Taken = min(d.Taken, x.Taken)
+		} else {
+			d.Taken = max(d.Taken, x.Taken) // a refund: the least given back
+		}
+	}
+	if den >= 0 {
+		d.RetryAfter = ds[den].RetryAfter
+		d.Limit = ds[den].Limit
+	} else {
+		d.Limit = ds[least].Limit
+	}
+	res.Decision = d
+	return res
+}
+
+// shadow applies the policy's shadow mode to res: whatever the store (or,
+// when it is down, the failure policy) decided, the request is allowed and
+// the would-be denial recorded.
+func (c *Core) shadow(res Result) Result {
+	if res.Policy.Shadow && !res.Allowed {
 		res.ShadowDenied = true
 		res.Allowed = true
 		res.RetryAfter = 0
 		if c.hooks.ShadowDenied != nil {
-			c.hooks.ShadowDenied(p.Name)
+			c.hooks.ShadowDenied(res.Policy.Name)
 		}
 	}
 	return res
