@@ -125,6 +125,14 @@ type MemoryStore struct {
 	// MaxRequestIDs bounds the remembered request IDs. Default 262,144;
 	// 256 (one per shard) to 2^30.
 	MaxRequestIDs int
+	// Snapshot is a file the service writes every bucket to on shutdown
+	// and reads them from on start, so that a restart does not hand every
+	// key a fresh burst. Empty: none. Its directory must exist.
+	Snapshot string
+	// SnapshotMaxAge refuses, on start, a snapshot written longer ago than
+	// this. Zero (the default) accepts any age: each bucket refills by the
+	// time that passed, exactly.
+	SnapshotMaxAge time.Duration
 }
 
 // RedisStore configures the Redis store. Exactly one of URL, Cluster and

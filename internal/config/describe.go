@@ -45,7 +45,14 @@ func (c *Config) describe(b *strings.Builder) {
 	switch s.Type {
 	case StoreMemory:
 		m := s.Memory
-		line("store:    memory (per process, not kept over a restart), at most %d keys (overflow: %s), %d request IDs", m.MaxKeys, m.Overflow, m.MaxRequestIDs)
+		kept := "not kept over a restart"
+		if m.Snapshot != "" {
+			kept = "kept over a restart in " + m.Snapshot
+			if m.SnapshotMaxAge > 0 {
+				kept += fmt.Sprintf(" if under %v old", m.SnapshotMaxAge)
+			}
+		}
+		line("store:    memory (per process, %s), at most %d keys (overflow: %s), %d request IDs", kept, m.MaxKeys, m.Overflow, m.MaxRequestIDs)
 	case StoreRedis:
 		line("store:    redis %s, key prefix %q", redisTarget(s.Redis), s.Redis.Prefix)
 	case StorePostgres:

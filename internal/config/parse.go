@@ -781,6 +781,12 @@ func (p *parser) memory(path string, n *yaml.Node, m *MemoryStore) {
 			}
 		}},
 		p.setInt("max_request_ids", minRequestIDs, maxMemoryKeys, &m.MaxRequestIDs),
+		{"snapshot", func(path string, v *yaml.Node) {
+			if s, ok := p.str(path, v, "a file path"); ok {
+				m.Snapshot = s
+			}
+		}},
+		p.setDuration("snapshot_max_age", time.Second, maxSnapshotAge, &m.SnapshotMaxAge),
 	})
 }
 
@@ -959,4 +965,5 @@ const (
 	minProbe        = 10 * time.Millisecond
 	maxProbe        = 10 * time.Minute
 	maxLimits       = 8
+	maxSnapshotAge  = 366 * 24 * time.Hour
 )

@@ -258,6 +258,15 @@ func (ch *checker) memory(m MemoryStore) {
 		ch.errorf("store.memory.overflow", "is %s; want refuse (a new key at max_keys is refused) or evict-lru (the least recently used bucket is dropped, granting its key one extra burst)", quoteShort(string(m.Overflow)))
 	}
 	ch.integer("store.memory.max_request_ids", int64(m.MaxRequestIDs), minRequestIDs, maxMemoryKeys)
+	if m.Snapshot != "" && (strings.ContainsRune(m.Snapshot, 0) || strings.HasSuffix(m.Snapshot, "/") || len(m.Snapshot) > 4096) {
+		ch.errorf("store.memory.snapshot", "is %s; want the path of a file (not a directory), at most 4096 bytes", quoteShort(m.Snapshot))
+	}
+	if m.SnapshotMaxAge != 0 {
+		if m.Snapshot == "" {
+			ch.errorf("store.memory.snapshot_max_age", "is set, but store.memory.snapshot is not; set the snapshot file too, or remove it")
+		}
+		ch.duration("store.memory.snapshot_max_age", m.SnapshotMaxAge, time.Second, maxSnapshotAge)
+	}
 }
 
 func (ch *checker) redis(r RedisStore) {
