@@ -30,7 +30,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/service"
@@ -70,6 +69,7 @@ type Handler struct {
 	ready    func(context.Context) error
 	log      *slog.Logger
 	mux      *http.ServeMux
+	names    nameCache
 }
 
 // New returns a Handler for core. The error wraps sluice.ErrInvalidOption.
@@ -170,24 +170,6 @@ type decisionRequest struct {
 	RequestID string `json:"request_id"`
 }
 
-// decisionBody is a decision as JSON.
-type decisionBody struct {
-	Allowed   bool  `json:"allowed"`
-	Remaining int64 `json:"remaining"`
-	// RetryAfterMS is the wait in milliseconds, rounded up; null with
-	// Never true when waiting cannot help.
-	RetryAfterMS *int64 `json:"retry_after_ms"`
-	// ResetAfterMS is the wait until full, rounded up; null if the bucket
-	// never refills.
-	ResetAfterMS *int64 `json:"reset_after_ms"`
-	Never        bool   `json:"never"`
-	Policy       string `json:"policy"`
-	Limit        string `json:"limit"`
-	Replayed     bool   `json:"replayed"`
-	Degraded     bool   `json:"degraded"`
-	ShadowDenied bool   `json:"shadow_denied,omitempty"`
-}
-
 func (h *Handler) take(w http.ResponseWriter, r *http.Request) { h.decide(w, r, true) }
 
 func (h *Handler) peek(w http.ResponseWriter, r *http.Request) { h.decide(w, r, false) }
@@ -217,12 +199,6 @@ type batchRequest struct {
 	Requests []decisionRequest `json:"requests"`
 }
 
-// batchItem is one result of a batch: a decision or a problem.
-type batchItem struct {
-	*decisionBody
-	Error *problem `json:"error,omitempty"`
-}
-
 func (h *Handler) batch(w http.ResponseWriter, r *http.Request) {
 	var req batchRequest
 	if !h.decode(w, r, h.maxBody*int64(h.maxBatch), &req) {
@@ -233,26 +209,30 @@ func (h *Handler) batch(w http.ResponseWriter, r *http.Request) {
 			Detail: fmt.Sprintf("a batch holds 1 to %d requests, got %d", h.maxBatch, n)})
 		return
 	}
-	out := struct {
-		Results []batchItem `json:"results"`
-	}{Results: make([]batchItem, len(req.Requests))}
+	buf := getBuf()
+	defer putBuf(buf)
+	b := append((*buf)[:0], `{"results":[`...)
 	for i, item := range req.Requests {
+		if i > 0 {
+			b = append(b, ',')
+		}
 		sr, field, err := serviceRequest(item, true)
 		if err != nil {
-			out.Results[i].Error = &problem{Title: "invalid request", Status: http.StatusBadRequest, Detail: err.Error(), Field: fmt.Sprintf("requests[%d].%s", i, field)}
+			b = appendProblemItem(b, problem{Title: "invalid request", Status: http.StatusBadRequest, Detail: err.Error(), Field: fmt.Sprintf("requests[%d].%s", i, field)})
 			continue
 		}
 		res, err := h.core.Take(r.Context(), sr)
 		if err != nil {
 			status, p := h.errorProblem(r, err)
 			p.Status = status
-			out.Results[i].Error = &p
+			b = appendProblemItem(b, p)
 			continue
 		}
-		body := encodeDecision(res)
-		out.Results[i].decisionBody = &body
+		b = appendDecision(b, res, h.names.names(res.Policy.Name, res.Decision.Limit))
 	}
-	writeJSON(w, http.StatusOK, out)
+	b = append(b, "]}\n"...)
+	*buf = b
+	writeBody(w, http.StatusOK, b)
 }
 
 // status answers the config version and the policies.
@@ -281,40 +261,6 @@ func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeText(w, http.StatusOK, "ready\n")
-}
-
-// decode reads a JSON body of at most limit bytes into v, strictly (unknown
-// fields and trailing data are errors), answering the problem itself when
-// it cannot. The body is read as JSON whatever its Content-Type says, so
-// that a plain "curl -d" works.
-func (h *Handler) decode(w http.ResponseWriter, r *http.Request, limit int64, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
-	if err == nil && dec.More() {
-		err = errors.New("data after the JSON object")
-	}
-	if err == nil {
-		if _, extra := dec.Token(); extra != io.EOF {
-			err = errors.New("data after the JSON object")
-		}
-	}
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeProblem(w, http.StatusRequestEntityTooLarge, problem{Title: "request body too large", Detail: fmt.Sprintf("the body is over %d bytes", tooLarge.Limit)})
-			return false
-		}
-		p := problem{Title: "invalid JSON body", Detail: err.Error()}
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) {
-			p.Field = typeErr.Field
-			p.Detail = fmt.Sprintf("field %q must be a JSON %s, not %s", typeErr.Field, typeErr.Type, typeErr.Value)
-		}
-		writeProblem(w, http.StatusBadRequest, p)
-		return false
-	}
-	return true
 }
 
 // serviceRequest checks the fields the core cannot and builds its request:
@@ -355,7 +301,12 @@ func (h *Handler) answer(w http.ResponseWriter, r *http.Request, res service.Res
 		})
 		return
 	}
-	writeJSON(w, http.StatusOK, encodeDecision(res))
+	buf := getBuf()
+	defer putBuf(buf)
+	b := appendDecision((*buf)[:0], res, h.names.names(res.Policy.Name, res.Decision.Limit))
+	b = append(b, '\n')
+	*buf = b
+	writeBody(w, http.StatusOK, b)
 }
 
 // errorProblem maps a core error to a status and a problem.
@@ -397,39 +348,6 @@ func (h *Handler) errorProblem(r *http.Request, err error) (int, problem) {
 	p.Title = "the limiter failed"
 	h.log.Error("decision failed", "path", r.URL.Path, "error", err)
 	return http.StatusInternalServerError, p
-}
-
-// encodeDecision turns a result into its JSON body.
-func encodeDecision(res service.Result) decisionBody {
-	b := decisionBody{
-		Allowed:      res.Allowed,
-		Remaining:    res.Remaining,
-		Policy:       res.Policy.Name,
-		Limit:        res.Decision.Limit.String(),
-		Replayed:     res.Replayed,
-		Degraded:     res.Degraded,
-		ShadowDenied: res.ShadowDenied,
-	}
-	if res.RetryAfter == sluice.Never {
-		b.Never = true
-	} else {
-		ms := ceilMillis(res.RetryAfter)
-		b.RetryAfterMS = &ms
-	}
-	if res.ResetAfter != sluice.Never {
-		ms := ceilMillis(res.ResetAfter)
-		b.ResetAfterMS = &ms
-	}
-	return b
-}
-
-// ceilMillis returns d in whole milliseconds, rounded up: a wait is never
-// reported shorter than it is.
-func ceilMillis(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d-1)/time.Millisecond) + 1
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
