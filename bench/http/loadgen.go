@@ -178,6 +178,7 @@ type worker struct {
 	rng  *rand.Rand
 	buf  bytes.Buffer
 	body []byte
+	outs []outcome
 	r    report
 }
 
@@ -273,48 +274,34 @@ func (g *generator) request(w *worker) {
 		return
 	}
 	if g.c.mode == "single" {
-		var d decision
-		if err := json.Unmarshal(w.buf.Bytes(), &d); err != nil || d.Allowed == nil {
-			w.bad(1, fmt.Sprintf("answer %.200q is not a decision", w.buf.Bytes()))
+		o, err := readDecision(w.buf.Bytes())
+		if err != nil {
+			w.bad(1, fmt.Sprintf("answer %.200q is not a decision: %v", w.buf.Bytes(), err))
 			return
 		}
-		w.count(*d.Allowed)
+		w.count(o)
 		return
 	}
-	var b struct {
-		Results []struct {
-			decision
-			Error *struct {
-				Status int `json:"status"`
-			} `json:"error"`
-		} `json:"results"`
-	}
-	if err := json.Unmarshal(w.buf.Bytes(), &b); err != nil || len(b.Results) != int(per) {
-		w.bad(per, fmt.Sprintf("answer %.200q is not %d results", w.buf.Bytes(), per))
+	outs, err := readBatch(w.buf.Bytes(), w.outs)
+	w.outs = outs
+	if err != nil || len(outs) != int(per) {
+		w.bad(per, fmt.Sprintf("answer %.200q is not %d results: %v", w.buf.Bytes(), per, err))
 		return
 	}
-	for _, item := range b.Results {
-		switch {
-		case item.Error != nil:
-			w.r.statuses[item.Error.Status]++
-			w.bad(1, fmt.Sprintf("batch item: status %d", item.Error.Status))
-		case item.Allowed == nil:
-			w.bad(1, "batch item without a decision")
-		default:
-			w.count(*item.Allowed)
-		}
+	for _, o := range outs {
+		w.count(o)
 	}
 }
 
-// decision is the part of a decision the generator reads.
-type decision struct {
-	Allowed *bool `json:"allowed"`
-}
-
-func (w *worker) count(allowed bool) {
-	if allowed {
+// count counts one outcome.
+func (w *worker) count(o outcome) {
+	switch {
+	case !o.decided:
+		w.r.statuses[o.status]++
+		w.bad(1, fmt.Sprintf("batch item: status %d", o.status))
+	case o.allowed:
 		w.r.allowed++
-	} else {
+	default:
 		w.r.denied++
 	}
 }

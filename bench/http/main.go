@@ -36,6 +36,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -70,6 +71,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Uint64Var(&c.seed, "seed", 1, "the seed of the key sequence")
 	fs.StringVar(&c.client, "client", "raw", "raw: a minimal HTTP/1.1 client, one connection per request in flight; net/http: Go's client")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "how long one request may take before it counts as an error")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured run (not the warm-up) to this file")
 	tokenEnv := fs.String("token-env", "", "the environment variable holding the bearer token, if the service requires one")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -98,7 +100,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("warm-up: %w", err)
 		}
 	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+	}
 	r, err := g.run(ctx, c.duration, c.requests)
+	if *cpuProfile != "" {
+		pprof.StopCPUProfile()
+	}
 	if err != nil {
 		return err
 	}
