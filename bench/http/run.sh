@@ -12,7 +12,13 @@
 # Settings, from the environment (defaults in brackets):
 #   ROUNDS [3]  DURATION [10s]  WARMUP [1s]  IN_FLIGHT [64]  KEYS [10000]
 #   BATCH [100]  LIMIT ["100 10/s"], the limit of the one policy, "bench"
+#   CLIENT [raw], the load generator's -client (raw or net/http)
+#   WAIT_IDLE [0]: before each run, wait (at most 10 minutes) until the
+#     CPUs were at least that many percent idle over 3 seconds
 #   KEEP=1 keeps the scratch directory (config, service logs).
+#
+# Each run's header gives the load average and the share of the CPUs that
+# was idle over the second before it: the machine may be shared.
 #
 # The modes of one round run one after the other, each against a service
 # of its own, so that a drift of the (shared) machine falls on every mode.
@@ -27,6 +33,8 @@ IN_FLIGHT=${IN_FLIGHT:-64}
 KEYS=${KEYS:-10000}
 BATCH=${BATCH:-100}
 LIMIT=${LIMIT:-100 10/s}
+CLIENT=${CLIENT:-raw}
+WAIT_IDLE=${WAIT_IDLE:-0}
 
 work=$(mktemp -d)
 pid=
@@ -89,20 +97,43 @@ seconds() {
 seconds "$WARMUP" >/dev/null
 seconds "$DURATION" >/dev/null
 
+# idle prints the percentage of the CPUs' time that was idle over the next
+# $1 seconds.
+idle() {
+  local a b
+  a=$(awk '/^cpu / { print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat)
+  sleep "$1"
+  b=$(awk '/^cpu / { print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat)
+  echo "$a $b" | awk '{ printf "%.0f\n", 100 * ($3 - $1) / ($4 - $2) }'
+}
+
+# wait_idle waits until idle 3 reaches WAIT_IDLE, for at most 10 minutes.
+wait_idle() {
+  [ "$WAIT_IDLE" -gt 0 ] || return 0
+  local deadline=$((SECONDS + 600))
+  until [ "$(idle 3)" -ge "$WAIT_IDLE" ]; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "run.sh: the CPUs were not ${WAIT_IDLE}% idle within 10 minutes; running anyway" >&2
+      return 0
+    fi
+  done
+}
+
 # cpu_ticks prints the user + system CPU time of process $1, in clock ticks.
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
-echo "sluice serve, memory store, policy bench \"$LIMIT\"; $IN_FLIGHT in flight, $KEYS keys, $DURATION after ${WARMUP} of warm-up; $(nproc) cores"
+echo "sluice serve, memory store, policy bench \"$LIMIT\"; $IN_FLIGHT in flight, $KEYS keys, $DURATION after ${WARMUP} of warm-up; client $CLIENT; $(nproc) cores"
 hz=$(getconf CLK_TCK)
 : >"$work/results"
 for round in $(seq "$ROUNDS"); do
   for mode in $MODES; do
+    wait_idle
     echo
-    echo "== round $round, $mode; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "== round $round, $mode; load average $(cut -d' ' -f1-3 /proc/loadavg), $(idle 1)% idle"
     start_service
     before=$(cpu_ticks "$pid")
     "$work/loadgen" -url "$url" -policy bench -mode "$mode" -batch "$BATCH" -in-flight "$IN_FLIGHT" \
-      -keys "$KEYS" -duration "$DURATION" -warmup "$WARMUP" -seed "$round" | tee "$work/run.out"
+      -keys "$KEYS" -duration "$DURATION" -warmup "$WARMUP" -client "$CLIENT" -seed "$round" | tee "$work/run.out"
     after=$(cpu_ticks "$pid")
     stop_service
     # The service's CPU time covers the warm-up and the run, so it is
