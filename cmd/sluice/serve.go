@@ -70,6 +70,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer rt.close()
 	rt.path = *path
+	if err := loadSnapshot(cfg, rt, log); err != nil {
+		return err
+	}
 
 	var ready atomic.Bool
 	api, err := httpapi.New(rt.core, httpapi.Options{
@@ -148,6 +151,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		wg.Go(func() { errs[i] = srv.Shutdown(sctx) })
 	}
 	wg.Wait()
+	// The last decision has been answered (or the drain time is over):
+	// the buckets are written as they are now.
+	errs = append(errs, saveSnapshot(cfg, rt, log))
 	return errors.Join(errs...)
 }
 
