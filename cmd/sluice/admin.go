@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -52,16 +53,7 @@ func (rt *runtime) adminPeek(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := rt.core.Peek(r.Context(), req)
 	if err != nil {
-		status := http.StatusInternalServerError
-		switch {
-		case errors.Is(err, service.ErrUnknownPolicy):
-			status = http.StatusNotFound
-		case sluice.IsInvalid(err):
-			status = http.StatusBadRequest
-		case sluice.IsUnavailable(err):
-			status = http.StatusServiceUnavailable
-		}
-		adminError(w, status, err.Error())
+		adminFailure(w, err)
 		return
 	}
 	ms := func(d time.Duration) *int64 {
@@ -88,6 +80,39 @@ func (rt *runtime) adminPeek(w http.ResponseWriter, r *http.Request) {
 	body, _ := json.Marshal(out) //nolint:errcheck // plain fields
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(append(body, '\n')) //nolint:errcheck // the client is gone
+}
+
+// adminReset answers POST /reset?policy=P&key=K on the admin listener:
+// the bucket of K under each of P's limits is full again, as if never
+// used ("unlock an account", an operator's correction). It answers 204.
+func (rt *runtime) adminReset(w http.ResponseWriter, r *http.Request, log *slog.Logger) {
+	q := r.URL.Query()
+	policy, key := q.Get("policy"), q.Get("key")
+	if policy == "" || key == "" {
+		adminError(w, http.StatusBadRequest, "give the bucket as ?policy=P&key=K")
+		return
+	}
+	p, err := rt.core.Reset(r.Context(), policy, key)
+	if err != nil {
+		adminFailure(w, err)
+		return
+	}
+	log.Info("admin reset", "policy", p.Name, "limits", len(p.Limits))
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// adminFailure answers an admin request the core could not serve.
+func adminFailure(w http.ResponseWriter, err error) {
+	status := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, service.ErrUnknownPolicy):
+		status = http.StatusNotFound
+	case sluice.IsInvalid(err):
+		status = http.StatusBadRequest
+	case sluice.IsUnavailable(err):
+		status = http.StatusServiceUnavailable
+	}
+	adminError(w, status, err.Error())
 }
 
 func adminError(w http.ResponseWriter, status int, msg string) {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -75,6 +76,30 @@ func TestAdminEndpoints(t *testing.T) {
 		if code, _ := peek(query); code != want {
 			t.Errorf("GET /peek?%s = %d, want %d", query, code, want)
 		}
+	}
+	// POST /reset fills the bucket again.
+	reset := func(query string) int {
+		t.Helper()
+		resp, err := http.Post(s.admin+"/reset?"+query, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := reset(key); code != 204 {
+		t.Fatalf("POST /reset?%s = %d, want 204", key, code)
+	}
+	if code, d := peek(key + "&cost=3"); code != 200 || d["allowed"] != true || d["remaining"] != 3.0 {
+		t.Fatalf("GET /peek after the reset = %d %v, want 3 remaining", code, d)
+	}
+	for query, want := range map[string]int{"policy=nope&key=k": 404, "policy=api": 400, "key=k": 400} {
+		if code := reset(query); code != want {
+			t.Errorf("POST /reset?%s = %d, want %d", query, code, want)
+		}
+	}
+	if code, _ := get(t, s.admin+"/reset?"+key); code != 405 {
+		t.Errorf("GET /reset = %d, want 405", code)
 	}
 	// The admin endpoints are not on the API listener.
 	if code, _ := get(t, s.api+"/config"); code != 404 {

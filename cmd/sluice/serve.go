@@ -90,6 +90,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	admin.Handle("GET /readyz", api)
 	admin.HandleFunc("GET /config", rt.adminConfig)
 	admin.HandleFunc("GET /peek", rt.adminPeek)
+	admin.HandleFunc("POST /reset", func(w http.ResponseWriter, r *http.Request) { rt.adminReset(w, r, log) })
 
 	apiLn, err := net.Listen("tcp", cfg.Listen.HTTP)
 	if err != nil {
