@@ -2,7 +2,6 @@ package grpclimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -12,6 +11,7 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/limitcore"
 )
 
 // KeyFunc returns the key of the bucket a call is charged to. It returns an
@@ -125,21 +125,10 @@ func MetadataKey(name string) KeyFunc {
 // key found. A function's error other than ErrNoKey is returned at once; if
 // every function returns ErrNoKey, the errors are joined.
 func FirstKey(fns ...KeyFunc) KeyFunc {
-	return func(ctx context.Context, method string) (string, error) {
-		var errs []error
-		for _, fn := range fns {
-			key, err := fn(ctx, method)
-			if err == nil {
-				return key, nil
-			}
-			if !errors.Is(err, ErrNoKey) {
-				return "", err
-			}
-			errs = append(errs, err)
-		}
-		if len(errs) == 0 {
-			return "", fmt.Errorf("%w: no key function given", ErrNoKey)
-		}
-		return "", errors.Join(errs...)
+	in := make([]func(call) (string, error), len(fns))
+	for i, fn := range fns {
+		in[i] = func(c call) (string, error) { return fn(c.ctx, c.method) }
 	}
+	first := limitcore.FirstKey(ErrNoKey, in)
+	return func(ctx context.Context, method string) (string, error) { return first(call{ctx, method}) }
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/sluicetest"
 )
 
 // Two requests per API key at once, one more every two seconds: two
@@ -63,6 +64,61 @@ func Example() {
 	// Content-Type: application/problem+json
 	// {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Quota exceeded","status":429,"detail":"the request costs 1 and 0 of 2 remain","violated-policies":["per-key"]}
 	// 200 "per-key";r=0;t=2
+}
+
+// A per-second burst and a daily quota on one route, decided together: the
+// fields list both policies, and once the daily quota is used up the 429
+// comes from it, with its own wait, while the burst bucket (charged
+// nothing for the denial) is full.
+func Example_severalLimits() {
+	clock := sluicetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)) // a clock the example controls
+	store := newModelStore(clock)                                             // any sluice.Operator
+
+	m, err := httplimit.New(store, httplimit.Options{
+		Key: httplimit.HeaderKey("X-Api-Key"),
+		Limits: []httplimit.Limit{
+			{Policy: "burst", Limit: sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)}},
+			{Policy: "daily", Limit: sluice.Limit{Capacity: 20, Rate: sluice.Per(20, 24*time.Hour)}},
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	h := m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "hello")
+	}))
+	get := func() *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-Api-Key", "k-1")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+
+	rec := get()
+	fmt.Println("RateLimit-Policy:", rec.Header().Get("RateLimit-Policy"))
+	fmt.Println(rec.Code, rec.Header().Get("RateLimit"))
+	for range 9 {
+		get() // the burst is used up
+	}
+	clock.Advance(time.Second)
+	for range 9 {
+		get()
+	}
+	rec = get() // the 20th request of the day
+	fmt.Println(rec.Code, rec.Header().Get("RateLimit"))
+	clock.Advance(time.Second)
+	rec = get()
+	fmt.Println(rec.Code, rec.Header().Get("RateLimit"))
+	fmt.Println("Retry-After:", rec.Header().Get("Retry-After"))
+	fmt.Print(rec.Body)
+	// Output:
+	// RateLimit-Policy: "burst";q=10;w=1, "daily";q=20;w=86400
+	// 200 "burst";r=9;t=1, "daily";r=19;t=4320
+	// 200 "burst";r=0;t=1, "daily";r=0;t=4319
+	// 429 "burst";r=10;t=1, "daily";r=0;t=4318
+	// Retry-After: 4318
+	// {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Quota exceeded","status":429,"detail":"the request costs 1 and 0 of 20 remain in \"daily\"","violated-policies":["daily"]}
 }
 
 // outage stands in for a failure policy while the store is unreachable: it

@@ -1,13 +1,13 @@
 package httplimit
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
 	"strings"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/limitcore"
 )
 
 // KeyFunc returns the key of the bucket a request is charged to. It returns
@@ -313,21 +313,9 @@ func HeaderKey(name string) KeyFunc {
 // other than ErrNoKey is returned at once; if every function returns
 // ErrNoKey, the errors are joined.
 func FirstKey(fns ...KeyFunc) KeyFunc {
-	return func(r *http.Request) (string, error) {
-		var errs []error
-		for _, fn := range fns {
-			key, err := fn(r)
-			if err == nil {
-				return key, nil
-			}
-			if !errors.Is(err, ErrNoKey) {
-				return "", err
-			}
-			errs = append(errs, err)
-		}
-		if len(errs) == 0 {
-			return "", fmt.Errorf("%w: no key function given", ErrNoKey)
-		}
-		return "", errors.Join(errs...)
+	in := make([]func(*http.Request) (string, error), len(fns))
+	for i, fn := range fns {
+		in[i] = fn
 	}
+	return limitcore.FirstKey(ErrNoKey, in)
 }

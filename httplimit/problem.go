@@ -2,11 +2,11 @@ package httplimit
 
 import (
 	"encoding/json"
-	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 
-	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/limitcore"
 )
 
 // Problem types of draft-ietf-httpapi-ratelimit-headers-11, section 5, used
@@ -76,13 +76,63 @@ func DefaultErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func errorStatus(err error) int {
-	switch {
-	case errors.Is(err, ErrNoKey), errors.Is(err, sluice.ErrInvalidKey), errors.Is(err, sluice.ErrInvalidRequestID):
+	switch limitcore.Classify(err, ErrNoKey, ErrStore) {
+	case limitcore.BadRequest:
 		return http.StatusBadRequest
-	case errors.Is(err, sluice.ErrRequestIDConflict):
+	case limitcore.Conflict:
 		return http.StatusUnprocessableEntity
-	case errors.Is(err, ErrStore):
+	case limitcore.Unavailable:
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError
+}
+
+// DefaultDeniedHandler answers a denied request with a problem body (the
+// fields are already set by the middleware):
+//
+//   - 429 Too Many Requests, type ProblemQuotaExceeded, for a quota
+//     denial. "violated-policies" names every limit whose bucket could not
+//     cover the cost; the detail gives the cost and what remains in the
+//     limit that denied, and says when waiting will not help.
+//   - 503 Service Unavailable, type ProblemReducedCapacity, for a denial
+//     made by a failure policy (d.Degraded): the client did not exceed
+//     its quota, the limiter lost its store.
+func DefaultDeniedHandler(w http.ResponseWriter, r *http.Request, d Decision) {
+	var violated []string
+	for i, p := range d.Parts {
+		if !p.Allowed && i < len(d.Requests) {
+			violated = append(violated, d.Requests[i].Policy)
+		}
+	}
+	if len(violated) == 0 { // a store that did not say which
+		for _, req := range d.Requests {
+			violated = append(violated, req.Policy)
+		}
+	}
+	if d.Degraded {
+		writeProblem(w, http.StatusServiceUnavailable, problem{
+			Type:             ProblemReducedCapacity,
+			Title:            "Temporarily reduced capacity",
+			Detail:           "the rate limiter is degraded and cannot admit this request now",
+			ViolatedPolicies: violated,
+		})
+		return
+	}
+	var detail string
+	if i := d.Denied; i >= 0 && i < len(d.Parts) && i < len(d.Requests) {
+		req, p := d.Requests[i], d.Parts[i]
+		detail = fmt.Sprintf("the request costs %d and %d of %d remain", req.Cost, max(p.Remaining, 0), req.Limit.Capacity)
+		if len(d.Requests) > 1 {
+			detail += fmt.Sprintf(" in %q", req.Policy)
+		}
+	}
+	if _, ok := limitcore.RetryAfterSeconds(d.RetryAfter); !ok {
+		detail += "; waiting will not help"
+	}
+	writeProblem(w, http.StatusTooManyRequests, problem{
+		Type:             ProblemQuotaExceeded,
+		Title:            "Quota exceeded",
+		Detail:           detail,
+		ViolatedPolicies: violated,
+	})
 }
