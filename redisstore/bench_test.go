@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -52,5 +53,75 @@ func BenchmarkTake(b *testing.B) {
 				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "decisions/s")
 			})
 		})
+	}
+}
+
+// BenchmarkTakeAllCluster measures a multi-take of two buckets against the
+// private three-master cluster, next to a single take: the two buckets of
+// one key under two policies (one slot, one script), and of two keys in
+// different slots (decided slot by slot, one script and one round trip
+// each); one caller, and 64. Every decision is allowed (the limit is far
+// above the load), so the figures are the common path; a denial by the
+// second slot adds a refund of the first.
+//
+//	go test -run '^$' -bench TakeAllCluster -benchtime 20000x ./redisstore/
+func BenchmarkTakeAllCluster(b *testing.B) {
+	c := redistest.ClusterClient(b)
+	l := sluice.Limit{Capacity: 1_000_000, Rate: sluice.PerSecond(1_000_000)}
+	keys := keysOfSlots(2)
+	cases := []struct {
+		name string
+		rs   []sluice.Request
+	}{
+		{"take", []sluice.Request{{Policy: "burst", Key: keys[0], Cost: 1, Limit: l}}},
+		{"one-slot", []sluice.Request{{Policy: "burst", Key: keys[0], Cost: 1, Limit: l}, {Policy: "daily", Key: keys[0], Cost: 1, Limit: l}}},
+		{"two-slots", []sluice.Request{{Policy: "burst", Key: keys[0], Cost: 1, Limit: l}, {Policy: "daily", Key: keys[1], Cost: 1, Limit: l}}},
+	}
+	for _, callers := range []int{1, 64} {
+		for _, tc := range cases {
+			b.Run(fmt.Sprintf("%s/callers=%d", tc.name, callers), func(b *testing.B) {
+				s := newStore(b, c, Options{})
+				ctx := b.Context()
+				decide := func() error {
+					if len(tc.rs) == 1 {
+						_, err := s.Take(ctx, tc.rs[0])
+						return err
+					}
+					md, err := s.TakeAll(ctx, tc.rs)
+					if err == nil && !md.Allowed {
+						err = fmt.Errorf("TakeAll denied: %+v", md)
+					}
+					return err
+				}
+				if err := decide(); err != nil { // load the script on each node
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				var firstErr atomic.Pointer[error]
+				b.ResetTimer()
+				start := time.Now()
+				for range callers {
+					wg.Go(func() {
+						for next.Add(1) <= int64(b.N) {
+							if err := decide(); err != nil {
+								firstErr.CompareAndSwap(nil, &err)
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				elapsed := time.Since(start)
+				if p := firstErr.Load(); p != nil {
+					b.Fatal(*p)
+				}
+				b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
+				if st := s.Stats(); (st.CrossSlotTakes > 0) != (tc.name == "two-slots") {
+					b.Fatalf("Stats() = %+v for %s", st, tc.name)
+				}
+			})
+		}
 	}
 }

@@ -3,12 +3,31 @@
 -- must reproduce it bit for bit. docs/redis.md explains the layout.
 --
 -- KEYS[1]  the bucket
--- KEYS[2]  the request-ID record ("take" with a request ID only); same slot
+-- KEYS[2]  the request-ID record ("take" or "refund" with a request ID
+--          only); same slot
 --          For "takes": KEYS[i] is the bucket of the i-th take (a key may
---          repeat).
--- ARGV[1]  operation: "take", "takes" (several takes without request IDs
---          under one limit at one time), or "peek" (reads only, writes
---          nothing)
+--          repeat). For "all", "deny" and "giveback": KEYS[i] is the
+--          bucket of the i-th part, 1 to 16 distinct buckets.
+-- ARGV[1]  operation:
+--            "take"      take the cost if the level covers it
+--            "takes"     several takes without request IDs under one limit
+--                        at one time
+--            "peek"      what a take would decide; reads only, writes
+--                        nothing
+--            "all"       a multi-take: each part's cost from its bucket if
+--                        every bucket covers its own, from none otherwise
+--            "deny"      a multi-take's parts decided, nothing taken (the
+--                        parts in the Cluster slots after the one that
+--                        denied)
+--            "giveback"  each part's cost given back to its bucket, never
+--                        above capacity (what the earlier slots of a
+--                        denied multi-take took); a missing bucket stays
+--                        missing
+--            "drain"     take the smaller of the cost and the whole tokens
+--            "refund"    give the cost back, never above capacity; a
+--                        missing bucket stays missing; with KEYS[2], undo
+--                        the remembered take of the request ID, once
+--            "reset"     make the bucket full under its own limit
 -- ARGV[2]  now: "redis" (read Redis TIME) or microseconds since 2020-01-01Z
 -- ARGV[3]  the spec: the limit and the store's settings, 38 bytes,
 --          struct.pack(SPEC, C, n, P, n', p', conv, ttl):
@@ -19,14 +38,21 @@
 --            p'      P / gcd(n, P)                   (1 when n = 0), C * p' < 2^52
 --            conv    on a limit change: 0 keep, 1 scale, 2 reset
 --            ttl     least TTL of a written key, ms  [0, 2^53)
+--          For "reset": the least TTL of the written key, ms [0, 2^53), as
+--          a decimal integer, and no ARGV[4].
 -- ARGV[4]  cost                                    [1, C]
--- ARGV[5]  "take" with KEYS[2] only: request-ID memory, microseconds
---          [1, 2^53)
+--          ("drain": the caller's cost clamped to C, which the store
+--          reports as never allowed when it was larger)
+-- ARGV[5]  "take" or "refund" with KEYS[2] only: request-ID memory,
+--          microseconds [1, 2^53)
 --          For "takes": ARGV[3 + i] is the cost of the i-th take, each
 --          [1, C], one per key. The takes are decided one after another at
 --          the same time, as separate calls back to back would be; each
 --          bucket is read once and written once, and the reply holds one
 --          decision per take.
+--          For "all", "deny" and "giveback": ARGV[1 + 2i] is the spec and
+--          ARGV[2 + 2i] the cost of the i-th part (so ARGV[3] and ARGV[4]
+--          are the first part's), each part under a limit of its own.
 --
 -- Numbers are Lua doubles, exact only below 2^53. The spec's numbers are
 -- integers by their encoding and must be in range; every text argument
@@ -69,13 +95,19 @@
 --                number; text would cost a pattern match and a conversion
 --                per number, more than the rest of a decision.
 -- Record value:  "at cost C n P allowed remaining retry reset", waits in
---                microseconds or "n" (never).
--- Reply:         {kind, allowed (0|1), remaining, retry, reset} per cost,
---                with kind "ok", "conv" (the take converted a bucket stored
---                under another limit, which the store counts) or "replay",
---                and the waits in microseconds, -1 for never, as integers
---                (as text from 2^53 on); or
+--                microseconds or "n" (never), then " r" once a refund has
+--                undone the take.
+-- Reply:         {kind, allowed (0|1), remaining, retry, reset} per cost
+--                or part, with kind "ok", "conv" (the call converted a
+--                bucket stored under another limit, which the store
+--                counts) or "replay", and the waits in microseconds, -1 for
+--                never, as integers (as text from 2^53 on); for a part,
+--                allowed says whether its bucket covered its cost; or
 --                {"conflict", cost, C, n, P} of the request ID's first use.
+--                "drain" and "refund" add a sixth value: the tokens taken
+--                or given back. "refund" of a request ID that is not
+--                remembered replies {"unknown"}. "reset" replies {1}, or
+--                {0} if the bucket was missing.
 --                In a "takes" reply the takes of a bucket whose value
 --                Sluice did not write are {"foreign", message, 0, 0, 0},
 --                and the other takes are decided.
@@ -102,14 +134,20 @@ local op, nargs, nkeys = argv[1], #argv, #KEYS
 local single = nkeys == 1 and nargs == 4 and (op == 'take' or op == 'peek')
 local withID = false
 if not single then
-  withID = op == 'take' and nkeys == 2 and nargs == 5
-  if not (withID or op == 'takes' and nkeys >= 1 and nargs == 3 + nkeys) then
-    if op ~= 'take' and op ~= 'takes' and op ~= 'peek' then
+  withID = (op == 'take' or op == 'refund') and nkeys == 2 and nargs == 5
+  local parts = op == 'all' or op == 'deny' or op == 'giveback'
+  if not (withID or op == 'takes' and nkeys >= 1 and nargs == 3 + nkeys or
+      parts and nkeys >= 1 and nkeys <= 16 and nargs == 2 + 2 * nkeys or
+      (op == 'drain' or op == 'refund') and nkeys == 1 and nargs == 4 or
+      op == 'reset' and nkeys == 1 and nargs == 3) then
+    if not (parts or op == 'take' or op == 'takes' or op == 'peek' or op == 'drain' or op == 'refund' or op == 'reset') then
       error({err = 'ERR sluice: operation ' .. string.format('%q', tostring(op)) ..
-        ' is not "take", "takes" or "peek"'})
+        ' is not "take", "takes", "peek", "all", "deny", "giveback", "drain", "refund" or "reset"'})
     end
     error({err = 'ERR sluice: ' .. nkeys .. ' keys and ' .. nargs .. ' arguments for "' .. op ..
-      '"; want 1 key and 4 (take, peek), 2 keys and 5 (take with a request ID), or one key per cost and 3 more (takes)'})
+      '"; want 1 key and 4 (take, peek, drain, refund), 2 keys and 5 (take or refund with a request ID), ' ..
+      'one key per cost and 3 more (takes), 1 to 16 keys and 2 more per key plus 2 (all, deny, giveback), ' ..
+      'or 1 key and 3 (reset)'})
   end
 end
 
@@ -127,6 +165,49 @@ elseif (now == '0' or string.find(now, '^[1-9]%d*$')) and now + 0 < 900719925474
   now = now + 0
 else
   now = nil -- refused on the general path, which names the fault
+end
+
+-- "reset" takes no spec: the bucket becomes full under the limit it is
+-- stored under, stamped at now or at its stamp if that is later (time
+-- never runs backwards inside a bucket), and expires as a full bucket
+-- does, 1 ms after its stamp (ceil((stamp - now) / 1000) + 1 ms) but not
+-- before the least TTL. A bucket that is full at now, as a missing one is,
+-- is left as it is; request-ID records are kept. Its numbers are checked
+-- as the general path's level() checks them, before the write, and the
+-- refill to now is compared as there (the deficit is below 2^52, so the
+-- comparison is exact).
+if op == 'reset' then
+  local least = argv[3]
+  if not now then
+    error({err = 'ERR sluice: time ' .. string.format('%q', string.sub(argv[2], 1, 24)) .. ' is not a decimal integer in [0, 2^53)'})
+  end
+  if not ((least == '0' or string.find(least, '^[1-9]%d*$')) and least + 0 < 9007199254740992) then
+    error({err = 'ERR sluice: least TTL ' .. string.format('%q', string.sub(least, 1, 24)) .. ' is not a decimal integer in [0, 2^53)'})
+  end
+  least = least + 0
+  local v = redis.pcall('GET', KEYS[1])
+  if not v then
+    return {0}
+  end
+  if type(v) ~= 'string' or #v ~= 58 then
+    error({err = 'ERR sluice: bucket key holds a value sluice did not write' .. (type(v) == 'table' and ': ' .. tostring(v.err) or '')})
+  end
+  local c, _, _, a, b, _, ttl, t, f, s = struct.unpack(BUCKET, v)
+  if not (c >= 1 and c <= 1099511627776 and a <= 1099511627776 and b >= 1 and c * b < 4503599627370496 and
+      ttl < 9007199254740992 and t <= c and f < b and (t < c or f == 0) and s < 9007199254740992) then
+    error({err = 'ERR sluice: bucket key holds a state sluice did not write'})
+  end
+  if t >= c or now > s and (now - s) * a >= (c - t) * b - f then
+    return {0}
+  end
+  if s < now then s = now end
+  local ahead = s - now
+  local a = ahead % 1000
+  ttl = (ahead - a) / 1000 + 1
+  if a > 0 then ttl = ttl + 1 end
+  if ttl < least then ttl = least end
+  redis.call('SET', KEYS[1], string.sub(v, 1, 38) .. struct.pack('<I6I7I7', c, 0, s), 'PX', string.format('%d', ttl))
+  return {1}
 end
 
 -- The spec, and the first bucket. A bucket stored under the request's spec
@@ -249,7 +330,8 @@ if now and single and specOK and (not first or same and
 end
 
 -- The general path: a request ID, several takes, a bucket stored under
--- another spec (converted) or with a stamp after now, or a fault to report.
+-- another spec (converted) or with a stamp after now, every operation but
+-- "take", "peek" and "reset", or a fault to report.
 
 local TWO52 = 4503599627370496
 local TWO53 = 9007199254740992
@@ -283,10 +365,14 @@ if not now then
   now = int('time', argv[2], 0, TWO53 - 1)
 end
 
-if not specOK then
+-- checkSpec fails, naming the fault, unless the spec C, n, P, n', p',
+-- conv, least TTL is in range and its rate reduced to lowest terms, as the
+-- first spec was checked above (which part names the spec, '' for the
+-- first).
+local function checkSpec(which)
   local function within(what, x, lo, hi)
     if x < lo or x > hi then
-      fail(format('%s %d is outside [%d, %d]', what, x, lo, hi))
+      fail(format('%s%s %d is outside [%d, %d]', which, what, x, lo, hi))
     end
   end
   within('capacity', C, 1, MAX_CAPACITY)
@@ -297,8 +383,26 @@ if not specOK then
   within('limit-change conversion', conv, 0, 2)
   within('least TTL', least, 0, TWO53 - 1)
   if C * p1 >= TWO52 then
-    fail(format('capacity %d times reduced period %d is 2^52 or more: Redis cannot decide this limit exactly', C, p1))
+    fail(format('%scapacity %d times reduced period %d is 2^52 or more: Redis cannot decide this limit exactly', which, C, p1))
   end
+  local ok
+  if n == 0 then
+    ok = n1 == 0 and p1 == 1
+  else
+    ok = n1 > 0 and P % p1 == 0 and n % n1 == 0 and P / p1 == n / n1
+    local x, y = n1, p1
+    while y > 0 do
+      x, y = y, x % y
+    end
+    ok = ok and x == 1
+  end
+  if not ok then
+    fail(format('%sreduced rate %d/%d is not %d/%d in lowest terms', which, n1, p1, n, P))
+  end
+end
+
+if not specOK then
+  checkSpec('')
   fail(format('reduced rate %d/%d is not %d/%d in lowest terms', n1, p1, n, P))
 end
 
@@ -350,54 +454,6 @@ local function fromNow(w, ahead)
   local hi, lo = (w - wl) / 100000000 + (ahead - al) / 100000000, wl + al
   if lo >= 100000000 then hi, lo = hi + 1, lo - 100000000 end
   return format('%d%08d', hi, lo)
-end
-
--- The first bucket, if stored under the spec, is checked and brought up to
--- date before anything else: its numbers were unpacked above, before the
--- fast path. ("takes" checks each bucket apart, below.)
-local T1, F1, S1
-if same and op ~= 'takes' then
-  T1, F1, S1 = level(C, n, P, n1, p1, conv, least, tokens, frac, stamp)
-end
-
--- The cost, or the costs of "takes", each in [1, C].
-local cost = int('cost', argv[4], 1, C)
-local costs = {cost}
-if op == 'takes' then
-  for i = 5, nargs do
-    costs[i - 3] = int('cost', argv[i], 1, C)
-  end
-end
-
--- A remembered request ID: the same decision again, or a conflict. Only
--- allowed decisions are remembered.
-local idTTL
-if withID then
-  idTTL = int('request-ID memory', argv[5], 1, TWO53 - 1)
-  local rec = redis.call('GET', KEYS[2])
-  if rec then
-    local at, rcost, rC, rn, rP, ok, rem, retry, reset = string.match(rec,
-      '^(%d+) (%d+) (%d+) (%d+) (%d+) ([01]) (%d+) ([%dn]+) ([%dn]+)$')
-    if not at then
-      fail('request-ID key holds a value sluice did not write')
-    end
-    local at0 = int('stored time', at, 0, TWO53 - 1)
-    if now < at0 or now - at0 < idTTL then
-      if rcost == argv[4] and rC == format('%d', C) and rn == format('%d', n) and rP == format('%d', P) then
-        if not (retry == 'n' or string.find(retry, '^%d+$')) or not (reset == 'n' or string.find(reset, '^%d+$')) then
-          fail('request-ID key holds a value sluice did not write')
-        end
-        -- Waits of 2^53 or more stay text.
-        local function w(x)
-          if x == 'n' then return -1 end
-          if #x < 16 then return x + 0 end
-          return x
-        end
-        return {'replay', ok + 0, rem + 0, w(retry), w(reset)}
-      end
-      return {'conflict', rcost, rC, rn, rP}
-    end
-  end
 end
 
 -- muldiv returns floor(x*y/z) exactly for integers 0 <= x < z < 2^52 and
@@ -465,6 +521,223 @@ local function load(stored)
   return t, f, stamp, true
 end
 
+-- put writes the bucket at key: the spec sp it is decided under, then the
+-- level t + f/p' at stamp s. It expires as on the fast path, measured from
+-- its stamp, which may be after now: ceil((s - now + reset) / 1000) + 1 ms,
+-- each term divided alone, since the sum may reach 2^53, but not before the
+-- least TTL lt; never if reset is -1 (it never refills).
+local function put(key, sp, lt, t, f, s, reset)
+  local value = sp .. struct.pack('<I6I7I7', t, f, s)
+  if reset < 0 then
+    redis.call('SET', key, value)
+    return
+  end
+  local ahead = s - now
+  local a, b = ahead % 1000, reset % 1000
+  local ttl = (ahead - a) / 1000 + (reset - b) / 1000 + 1
+  if a + b > 0 then ttl = ttl + 1 end
+  if a + b > 1000 then ttl = ttl + 1 end
+  if ttl < lt then ttl = lt end
+  redis.call('SET', key, value, 'PX', format('%d', ttl))
+end
+
+-- The operations on parts, each under a spec of its own ("all", "deny",
+-- "giveback"), and "drain" and "refund" of one bucket. Every part is read,
+-- checked and brought up to date under its spec before anything is
+-- decided or written: SP, CC, A1, B1 and LT hold its spec, capacity, n',
+-- p' and least TTL, CO its cost, T, F, S its level and stamp, CV whether it
+-- was converted, SM whether it is stored under its spec (a denial on Redis
+-- TIME of such a bucket, or any call that takes and gives nothing, need
+-- not write it: the argument of the fast path), EX whether it exists. The
+-- spec variables C, n, P, n', p', conv, least, which load and wait read,
+-- are set to each part's in turn.
+if op ~= 'take' and op ~= 'takes' and op ~= 'peek' then
+  local parts = nkeys
+  if op == 'drain' or op == 'refund' then parts = 1 end
+  local SP, CC, A1, B1, LT, CO, T, F, S, CV, SM, EX, seen = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+  for i = 1, parts do
+    local sp, stored, sm = spec, first, same
+    if seen[KEYS[i]] then
+      fail(format('bucket %d is bucket %d again; a bucket appears once per call', i, seen[KEYS[i]]))
+    end
+    seen[KEYS[i]] = i
+    if i > 1 then
+      sp = argv[1 + 2 * i]
+      if #sp ~= 38 then
+        fail(format('bucket %d: spec of %d bytes, want 38', i, #sp))
+      end
+      stored = redis.pcall('GET', KEYS[i])
+      sm = type(stored) == 'string' and #stored == 58 and string.find(stored, sp, 1, true) == 1
+      C, n, P, n1, p1, conv, least = struct.unpack(SPEC, sp)
+      -- A spec stored in the bucket was checked in full when written;
+      -- level checks the numbers exactness needs.
+      if not sm then
+        checkSpec(format('bucket %d: ', i))
+      end
+    end
+    SP[i], CC[i], A1[i], B1[i], LT[i], SM[i], EX[i] = sp, C, n1, p1, least, sm, type(stored) == 'string'
+    CO[i] = int('cost', argv[2 + 2 * i], 1, C)
+    T[i], F[i], S[i], CV[i] = load(stored)
+  end
+
+  if op == 'drain' or op == 'refund' then
+    local t, f, s, cost = T[1], F[1], S[1], CO[1]
+    local replay, moved, write = false, 0, false
+    if op == 'drain' then
+      moved = cost
+      if t < cost then moved = t end
+      t = t - moved
+      write = moved > 0 or not (redisTime and SM[1])
+    else
+      if withID then
+        -- The allowed take of the request ID, remembered while now is
+        -- before its time plus the request-ID memory (or before its time:
+        -- the clock stepped back), for at most its cost under its limit.
+        local idTTL = int('request-ID memory', argv[5], 1, TWO53 - 1)
+        local rec = redis.call('GET', KEYS[2])
+        if rec then
+          local refunded = string.sub(rec, -2) == ' r'
+          if refunded then
+            rec = string.sub(rec, 1, -3)
+          end
+          local at, rcost, rC, rn, rP = string.match(rec,
+            '^(%d+) (%d+) (%d+) (%d+) (%d+) [01] %d+ [%dn]+ [%dn]+$')
+          if not at then
+            fail('request-ID key holds a value sluice did not write')
+          end
+          local at0 = int('stored time', at, 0, TWO53 - 1)
+          local took = int('stored cost', rcost, 1, TWO53 - 1)
+          if not (now < at0 or now - at0 < idTTL) then
+            rec = false
+          elseif not (rC == format('%d', C) and rn == format('%d', n) and rP == format('%d', P)) or cost > took then
+            return {'conflict', rcost, rC, rn, rP}
+          end
+          replay = refunded
+        end
+        if not rec then
+          return {'unknown'}
+        end
+      end
+      -- A bucket full at now (a missing one is) is left as it is, its
+      -- stamp included; any other is written, refilled and raised.
+      if not replay then
+        moved = C - t
+        if cost < moved then moved = cost end
+        t = t + moved
+        if t == C then f = 0 end
+        write = moved > 0
+      end
+    end
+    -- A drain is allowed if all of its cost was there, and then waits for
+    -- nothing; a refund always is.
+    local allowed, retry = op == 'refund' or moved == cost, 0
+    if not allowed then
+      retry = wait(t, f, cost)
+    end
+    local reset, ahead = wait(t, f, C), s - now
+    if write then
+      put(KEYS[1], SP[1], LT[1], t, f, s, reset)
+    end
+    if withID and not replay then
+      redis.call('APPEND', KEYS[2], ' r')
+    end
+    local kind = CV[1] and write and 'conv' or 'ok'
+    if replay then kind = 'replay' end
+    return {kind, allowed and 1 or 0, t, fromNow(retry, ahead), fromNow(reset, ahead), moved}
+  end
+
+  -- "all" takes every cost if every bucket covers its own; "deny" takes
+  -- none; "giveback" adds each cost, never above capacity (a level that
+  -- reaches it is exactly full).
+  local all = op == 'all'
+  for i = 1, parts do
+    if T[i] < CO[i] then all = false end
+  end
+  local reply, W, R = {}, {}, {}
+  for i = 1, parts do
+    C, n1, p1 = CC[i], A1[i], B1[i]
+    local t, f, cost = T[i], F[i], CO[i]
+    local covers, retry = t >= cost, 0
+    if op == 'giveback' then
+      local added = C - t
+      if cost < added then added = cost end
+      t = t + added
+      if t == C then f = 0 end
+      covers = true
+      W[i] = EX[i] and (added > 0 or not (redisTime and SM[i]))
+    else
+      if all then
+        t = t - cost
+      elseif not covers then
+        retry = wait(t, f, cost)
+      end
+      W[i] = all or not (redisTime and SM[i])
+    end
+    T[i], F[i], R[i] = t, f, wait(t, f, C)
+    local ahead, r = S[i] - now, 5 * (i - 1)
+    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] =
+      CV[i] and 'conv' or 'ok', covers and 1 or 0, t, fromNow(retry, ahead), fromNow(R[i], ahead)
+  end
+  for i = 1, parts do
+    if W[i] then
+      put(KEYS[i], SP[i], LT[i], T[i], F[i], S[i], R[i])
+    end
+  end
+  return reply
+end
+
+-- The first bucket, if stored under the spec, is checked and brought up to
+-- date before anything else: its numbers were unpacked above, before the
+-- fast path. ("takes" checks each bucket apart, below.)
+local T1, F1, S1
+if same and op ~= 'takes' then
+  T1, F1, S1 = level(C, n, P, n1, p1, conv, least, tokens, frac, stamp)
+end
+
+-- The cost, or the costs of "takes", each in [1, C].
+local cost = int('cost', argv[4], 1, C)
+local costs = {cost}
+if op == 'takes' then
+  for i = 5, nargs do
+    costs[i - 3] = int('cost', argv[i], 1, C)
+  end
+end
+
+-- A remembered request ID: the same decision again, or a conflict. Only
+-- allowed decisions are remembered.
+local idTTL
+if withID then
+  idTTL = int('request-ID memory', argv[5], 1, TWO53 - 1)
+  local rec = redis.call('GET', KEYS[2])
+  if rec then
+    -- A refund of the take marked the record; its replay is the same.
+    if string.sub(rec, -2) == ' r' then
+      rec = string.sub(rec, 1, -3)
+    end
+    local at, rcost, rC, rn, rP, ok, rem, retry, reset = string.match(rec,
+      '^(%d+) (%d+) (%d+) (%d+) (%d+) ([01]) (%d+) ([%dn]+) ([%dn]+)$')
+    if not at then
+      fail('request-ID key holds a value sluice did not write')
+    end
+    local at0 = int('stored time', at, 0, TWO53 - 1)
+    if now < at0 or now - at0 < idTTL then
+      if rcost == argv[4] and rC == format('%d', C) and rn == format('%d', n) and rP == format('%d', P) then
+        if not (retry == 'n' or string.find(retry, '^%d+$')) or not (reset == 'n' or string.find(reset, '^%d+$')) then
+          fail('request-ID key holds a value sluice did not write')
+        end
+        -- Waits of 2^53 or more stay text.
+        local function w(x)
+          if x == 'n' then return -1 end
+          if #x < 16 then return x + 0 end
+          return x
+        end
+        return {'replay', ok + 0, rem + 0, w(retry), w(reset)}
+      end
+      return {'conflict', rcost, rC, rn, rP}
+    end
+  end
+end
+
 -- Every bucket read and checked before the first write (K lists the keys
 -- in the order first met, at[key] indexes their levels); a key met again
 -- continues from the level the takes before left. W[j] says whether the
@@ -526,23 +799,9 @@ end
 if op == 'peek' then
   return reply
 end
--- Each bucket expires as on the fast path, measured from its stamp, which
--- may be after now: ceil((stamp - now + reset) / 1000) + 1 ms, each term
--- divided alone, since the sum may reach 2^53.
 for j = 1, #K do
   if W[j] then
-    local value = spec .. struct.pack('<I6I7I7', T[j], F[j], S[j])
-    if R[j] < 0 then
-      redis.call('SET', K[j], value)
-    else
-      local ahead, reset = S[j] - now, R[j]
-      local a, b = ahead % 1000, reset % 1000
-      local ttl = (ahead - a) / 1000 + (reset - b) / 1000 + 1
-      if a + b > 0 then ttl = ttl + 1 end
-      if a + b > 1000 then ttl = ttl + 1 end
-      if ttl < least then ttl = least end
-      redis.call('SET', K[j], value, 'PX', format('%d', ttl))
-    end
+    put(K[j], spec, least, T[j], F[j], S[j], R[j])
   end
 end
 -- An allowed take with a request ID is remembered; a denial is not (it

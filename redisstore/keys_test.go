@@ -12,8 +12,9 @@ import (
 
 // TestKeyLayout: a bucket's key encodes (policy, key) one to one, so no
 // two pairs share a bucket or a record key; the hash tag comes from the
-// whole pair, so braces in either cannot choose it; a bucket and its
-// records share it.
+// caller's key alone (braces in it cannot choose the tag), so every policy
+// of one key, and a bucket and its records, share it, and distinct keys
+// do not.
 func TestKeyLayout(t *testing.T) {
 	s, err := New(offline(t), Options{Prefix: "p:"})
 	if err != nil {
@@ -34,7 +35,7 @@ func TestKeyLayout(t *testing.T) {
 	}
 	buckets := map[string][2]string{}
 	records := map[string][3]string{}
-	tags := map[string][2]string{}
+	tags := map[string]string{} // tag → key
 	for _, tt := range tests {
 		b := s.bucketKey(tt.policy, tt.key)
 		if want := fmt.Sprintf("p:{%s}b:%d:%s%s", tag(b), len(tt.policy), tt.policy, tt.key); b != want || len(tag(b)) != 16 {
@@ -50,21 +51,23 @@ func TestKeyLayout(t *testing.T) {
 		if other, ok := records[r]; ok {
 			t.Errorf("requests %q and %q share the record key %q", other, [3]string{tt.policy, tt.key, tt.id}, r)
 		}
-		if other, ok := tags[tag(b)]; ok {
-			t.Errorf("pairs %q and %q share the tag %q", other, [2]string{tt.policy, tt.key}, tag(b))
+		if other, ok := tags[tag(b)]; ok && other != tt.key {
+			t.Errorf("keys %q and %q share the tag %q", other, tt.key, tag(b))
 		}
-		buckets[b], records[r], tags[tag(b)] = [2]string{tt.policy, tt.key}, [3]string{tt.policy, tt.key, tt.id}, [2]string{tt.policy, tt.key}
+		if other := s.bucketKey("other", tt.key); tag(other) != tag(b) {
+			t.Errorf("bucketKey(%q, %q) has tag %q, bucketKey(%q, %q) %q; want one tag for every policy of a key", tt.policy, tt.key, tag(b), "other", tt.key, tag(other))
+		}
+		buckets[b], records[r], tags[tag(b)] = [2]string{tt.policy, tt.key}, [3]string{tt.policy, tt.key, tt.id}, tt.key
 	}
 	if a, b := s.recordKey("p", "ab", "c"), s.recordKey("p", "a", "bc"); a == b {
 		t.Errorf("recordKey(%q, %q, %q) = recordKey(%q, %q, %q) = %q", "p", "ab", "c", "p", "a", "bc", a)
 	}
 }
 
-// TestClusterSlots: on the cluster, the bucket and the records of a
-// (policy, key) pair hash to one slot whatever braces the policy and the
-// key hold, and 1,000 pairs with the same braced text spread over the
-// slots: 500 keys under a policy "{p}", and one key "{user}" under 500
-// policies.
+// TestClusterSlots: on the cluster, the buckets and records of every
+// policy of one key hash to one slot, whatever braces the policy and the
+// key hold, and clusterSlot computes that slot as the server does; 1,000
+// keys with the same braced text spread over the slots.
 func TestClusterSlots(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the cluster is not started in -short mode")
@@ -74,26 +77,29 @@ func TestClusterSlots(t *testing.T) {
 	s := newStore(t, c, Options{})
 	slots := map[int64]bool{}
 	for i := range 1000 {
-		policy, key := "{p}", fmt.Sprintf("{user}%d", i)
+		key := fmt.Sprintf("{user}%d", i)
 		if i%2 == 1 {
-			policy, key = fmt.Sprintf("{p}%d}", i), "{user}"
+			key = fmt.Sprintf("x}{%d", i)
 		}
-		b, err := c.ClusterKeySlot(ctx, s.bucketKey(policy, key)).Result()
-		if err != nil {
-			t.Fatal(err)
+		var slot int64 = -1
+		for _, k := range []string{s.bucketKey("{p}", key), s.bucketKey(fmt.Sprintf("{p}%d}", i), key), s.recordKey("{p}", key, "{id}"), s.recordKey("q", key, "")} {
+			got, err := c.ClusterKeySlot(ctx, k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if slot >= 0 && got != slot {
+				t.Fatalf("key %q: %q is in slot %d, another key of it in %d; want one slot", key, k, got, slot)
+			}
+			slot = got
 		}
-		r, err := c.ClusterKeySlot(ctx, s.recordKey(policy, key, "{id}")).Result()
-		if err != nil {
-			t.Fatal(err)
+		if got := clusterSlot(key); int64(got) != slot {
+			t.Fatalf("clusterSlot(%q) = %d, the server says %d", key, got, slot)
 		}
-		if b != r {
-			t.Fatalf("policy %q, key %q: bucket slot %d, record slot %d", policy, key, b, r)
-		}
-		slots[b] = true
+		slots[slot] = true
 	}
-	// 1,000 pairs over 16,384 slots: about 970 distinct slots expected.
+	// 1,000 keys over 16,384 slots: about 970 distinct slots expected.
 	if len(slots) < 900 {
-		t.Errorf("1,000 pairs sharing the texts {p} and {user} hash to %d slots, want about 970", len(slots))
+		t.Errorf("1,000 keys sharing the text {user} hash to %d slots, want about 970", len(slots))
 	}
 }
 

@@ -4,6 +4,13 @@
 // decides, writes it back with its expiry and remembers an allowed request
 // ID, in one atomic step and one round trip.
 //
+// A Store is also a sluice.Operator: TakeAll, Drain, Refund and Reset are
+// one script each, the same atomic step. The one exception is a TakeAll
+// on Redis Cluster whose buckets lie in several slots, which no script can
+// reach at once: see Store.TakeAll for how it decides them slot by slot
+// without ever overselling. Every policy of one key shares that key's
+// slot, so stacked limits on one key are always one script.
+//
 // The script reproduces bucket.Plan exactly at a tick of one microsecond.
 // Lua numbers are doubles, exact only below 2^53, so a limit is accepted only
 // if its exact arithmetic stays below that bound (Store.CheckLimit, which
@@ -81,8 +88,9 @@ const epochUnix = 1577836800
 type Options struct {
 	// Prefix starts every key the store writes. Default DefaultPrefix
 	// ("sluice:"). It must not contain '{' or '}': the store puts a hash tag
-	// of its own after it, so that a bucket and its request IDs share a
-	// Redis Cluster slot, and policies and keys cannot choose the slot.
+	// of its own after it, made from the caller's key, so that the buckets
+	// of every policy of a key and their request IDs share a Redis Cluster
+	// slot, and policies and keys cannot choose the slot.
 	Prefix string
 	// OnLimitChange converts a bucket's level when a request of its policy
 	// arrives with a limit other than the one the bucket was last decided
@@ -140,10 +148,26 @@ type Store struct {
 	minTTL int64 // milliseconds
 	now    func() time.Time
 	batch  *batcher // nil: one round trip per decision
+	spread spread   // where the keys of one call may lie
 
 	loader      loader
 	conversions atomic.Uint64
+	crossSlot   atomic.Uint64
+	lostRefunds atomic.Uint64
 }
+
+// spread says which keys one script call may hold.
+type spread int
+
+const (
+	// anyKeys: a standalone server (a *redis.Client) holds every key.
+	anyKeys spread = iota
+	// slotKeys: a Redis Cluster; the keys of one call share a slot.
+	slotKeys
+	// tagKeys: a Ring, or a client the store cannot look into; the keys of
+	// one call share a hash tag (one caller's key).
+	tagKeys
+)
 
 // Stats are a Store's counters since New.
 type Stats struct {
@@ -170,11 +194,26 @@ type Stats struct {
 	// Cluster or Ring): decided after it, at the same time, with one read
 	// and one write of each bucket for all.
 	SharedTakes uint64
+	// CrossSlotTakes is the number of TakeAll calls whose buckets lay in
+	// several Redis Cluster slots (on a Ring, under several keys), decided
+	// slot by slot: take, then give back if a later slot denies (see
+	// TakeAll). 0 on a standalone server.
+	CrossSlotTakes uint64
+	// LostRefunds is the number of those calls that a later slot denied
+	// (or that failed there) and whose giving back of what the earlier
+	// slots took failed: those tokens stay taken, as if used, until the
+	// buckets refill. Nothing is ever given twice.
+	LostRefunds uint64
 }
 
 // Stats returns the store's counters. It is safe to call concurrently.
 func (s *Store) Stats() Stats {
-	st := Stats{ScriptLoads: s.loader.loads.Load(), Conversions: s.conversions.Load()}
+	st := Stats{
+		ScriptLoads:    s.loader.loads.Load(),
+		Conversions:    s.conversions.Load(),
+		CrossSlotTakes: s.crossSlot.Load(),
+		LostRefunds:    s.lostRefunds.Load(),
+	}
 	if s.batch != nil {
 		st.Pipelines = s.batch.pipelines.Load()
 		st.SharedTakes = s.batch.shared.Load()
@@ -184,6 +223,7 @@ func (s *Store) Stats() Stats {
 
 var (
 	_ sluice.Store        = (*Store)(nil)
+	_ sluice.Operator     = (*Store)(nil)
 	_ sluice.LimitChecker = (*Store)(nil)
 )
 
@@ -221,6 +261,13 @@ func New(client Client, o Options) (*Store, error) {
 	if o.MinTTL < 0 {
 		return nil, fmt.Errorf("%w: redisstore: Options.MinTTL %v is negative; use 0 (no minimum) or a positive duration", sluice.ErrInvalidOption, o.MinTTL)
 	}
+	sp := tagKeys
+	switch client.(type) {
+	case *redis.Client:
+		sp = anyKeys
+	case *redis.ClusterClient:
+		sp = slotKeys
+	}
 	var b *batcher
 	p, pipelines := client.(Pipeliner)
 	switch {
@@ -235,11 +282,11 @@ func New(client Client, o Options) (*Store, error) {
 		// A standalone client (not a Cluster or a Ring, whose keys live
 		// on several servers) can send one script call for the takes of
 		// several buckets.
-		_, anyKey := client.(*redis.Client)
-		b = &batcher{client: p, max: o.Batch, anyKey: anyKey}
+		b = &batcher{client: p, max: o.Batch, anyKey: sp == anyKeys}
 	}
 	return &Store{
 		batch:  b,
+		spread: sp,
 		client: client,
 		prefix: o.Prefix,
 		conv:   o.OnLimitChange,

@@ -19,6 +19,7 @@ const (
 	kindReplay    = "replay"   // a request ID's remembered decision
 	kindConflict  = "conflict" // a request ID remembered with other parameters
 	kindForeign   = "foreign"  // "takes" only: this take's bucket holds a value Sluice did not write
+	kindUnknown   = "unknown"  // "refund" only: the request ID is not remembered
 )
 
 // decision reads one decision of a script reply: the kind ("ok", "conv"
@@ -44,6 +45,20 @@ func decision(reply []any, l sluice.Limit) (d sluice.Decision, converted bool, e
 		}
 	}
 	return sluice.Decision{}, false, scriptErrorf("reply %q is not a decision", reply)
+}
+
+// movedDecision reads the reply of a drain or a refund: a decision, then
+// the tokens taken or given back, an integer of at least 0. Any other shape
+// is a *ScriptError.
+func movedDecision(reply []any, l sluice.Limit) (d sluice.Decision, moved int64, converted bool, err error) {
+	if len(reply) == replyLen+1 {
+		moved, ok := reply[replyLen].(int64)
+		d, converted, err := decision(reply[:replyLen], l)
+		if err == nil && ok && moved >= 0 {
+			return d, moved, converted, nil
+		}
+	}
+	return sluice.Decision{}, 0, false, scriptErrorf("reply %q is not a decision and the tokens moved", reply)
 }
 
 // wait reads a wait in microseconds: an integer, -1 for never, or, for a
@@ -75,9 +90,24 @@ func wait(v any) (time.Duration, bool) {
 	return time.Duration(us) * time.Microsecond, true
 }
 
+// recordLimit formats the limit C, n, P µs of a "conflict" reply as
+// sluice.Limit does, or as the numbers if they are not one.
+func recordLimit(v []any) string {
+	var n [3]int64
+	for i := range n {
+		s, _ := v[i].(string)
+		x, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || x < 0 || x > math.MaxInt64/int64(time.Microsecond) {
+			return fmt.Sprintf("\"%v %v/%vµs\"", v[0], v[1], v[2])
+		}
+		n[i] = x
+	}
+	return strconv.Quote(sluice.Limit{Capacity: n[0], Rate: sluice.Per(n[1], time.Duration(n[2])*time.Microsecond)}.String())
+}
+
 // conflict returns the error of a "conflict" reply to r: the request ID's
 // first cost and limit (C, n, P µs), then r's.
 func conflict(reply []any, r sluice.Request) error {
-	return fmt.Errorf("%w: request ID %q for this policy and key was first used with cost %v and limit \"%v %v/%vµs\", now cost %d and limit %q",
-		sluice.ErrRequestIDConflict, r.RequestID, reply[1], reply[2], reply[3], reply[4], r.Cost, r.Limit)
+	return fmt.Errorf("%w: request ID %q for this policy and key was first used with cost %v and limit %s, now cost %d and limit %q",
+		sluice.ErrRequestIDConflict, r.RequestID, reply[1], recordLimit(reply[2:]), r.Cost, r.Limit)
 }

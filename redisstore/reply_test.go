@@ -61,3 +61,48 @@ func TestDecisionReply(t *testing.T) {
 		}
 	}
 }
+
+// TestMovedDecisionReply: a drain's or a refund's reply is a decision and
+// the tokens moved, a non-negative integer; every other shape is a
+// *ScriptError.
+func TestMovedDecisionReply(t *testing.T) {
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
+	d, moved, converted, err := movedDecision([]any{"conv", int64(1), int64(4), int64(0), int64(6_000_000), int64(3)}, l)
+	if want := (sluice.Decision{Allowed: true, Remaining: 4, ResetAfter: 6 * time.Second, Limit: l}); err != nil || d != want || moved != 3 || !converted {
+		t.Errorf("movedDecision = %+v, %d, %v, %v; want %+v, 3, true", d, moved, converted, err, want)
+	}
+	bad := [][]any{
+		nil,
+		{"ok", int64(1), int64(4), int64(0), int64(0)},
+		{"ok", int64(1), int64(4), int64(0), int64(0), int64(-1)},
+		{"ok", int64(1), int64(4), int64(0), int64(0), "3"},
+		{"ok", int64(1), int64(4), int64(0), int64(0), int64(3), int64(0)},
+		{"unknown"},
+		{"conflict", "1", "10", "1", "1000000", int64(0)},
+		{"ok", int64(2), int64(4), int64(0), int64(0), int64(3)},
+	}
+	for _, reply := range bad {
+		var se *ScriptError
+		if d, moved, _, err := movedDecision(reply, l); !errors.As(err, &se) || !errors.Is(err, sluice.ErrMisconfigured) {
+			t.Errorf("movedDecision(%v) = %+v, %d, %v; want a *ScriptError wrapping %v", reply, d, moved, err, sluice.ErrMisconfigured)
+		}
+	}
+}
+
+// TestRecordLimit: the limit of a request ID's record is named as a limit
+// is written, or as its numbers if they are not one.
+func TestRecordLimit(t *testing.T) {
+	for _, tt := range []struct {
+		v    []any
+		want string
+	}{
+		{[]any{"10", "3", "1000000"}, `"10 3/s"`},
+		{[]any{"5", "1", "3600000000"}, `"5 1/h"`},
+		{[]any{"5", "x", "3"}, `"5 x/3µs"`},
+		{[]any{"5", "1", "99999999999999999"}, `"5 1/99999999999999999µs"`},
+	} {
+		if got := recordLimit(tt.v); got != tt.want {
+			t.Errorf("recordLimit(%q) = %s, want %s", tt.v, got, tt.want)
+		}
+	}
+}

@@ -34,9 +34,9 @@ type decisionCmd struct{ *redis.Cmd }
 // NoRetry tells go-redis not to retry the command.
 func (decisionCmd) NoRetry() bool { return true }
 
-// run runs the script by EVALSHA on keys with the given arguments (see
-// bucket.lua) and returns its reply as go-redis read it. Errors are
-// classified (see classify).
+// run runs the script by EVALSHA on keys with the arguments of a take or
+// a peek (see bucket.lua) and returns its reply as go-redis read it.
+// Errors are classified (see classify).
 func (s *Store) run(ctx context.Context, keys []string, op string, now any, pl plan, cost, idTTL int64) ([]any, error) {
 	args := make([]any, 0, 3+len(keys)+5)
 	args = append(args, "evalsha", scriptSHA, len(keys))
@@ -47,6 +47,23 @@ func (s *Store) run(ctx context.Context, keys []string, op string, now any, pl p
 	if idTTL > 0 {
 		args = append(args, idTTL)
 	}
+	return s.exec(ctx, args)
+}
+
+// call runs the script by EVALSHA on keys with the arguments args (ARGV,
+// the operation first) and returns its reply as go-redis read it. Errors
+// are classified (see classify).
+func (s *Store) call(ctx context.Context, keys []string, args ...any) ([]any, error) {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, "evalsha", scriptSHA, len(keys))
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	return s.exec(ctx, append(a, args...))
+}
+
+// exec sends args, an EVALSHA of the script, and returns its reply.
+func (s *Store) exec(ctx context.Context, args []any) ([]any, error) {
 	cmd, err := s.eval(ctx, args)
 	if err != nil {
 		return nil, classify(ctx, err)
