@@ -91,3 +91,68 @@ func benchSpread(b *testing.B, zipf bool) {
 
 func BenchmarkTakeUniform1M(b *testing.B) { benchSpread(b, false) }
 func BenchmarkTakeZipf1M(b *testing.B)    { benchSpread(b, true) }
+
+// BenchmarkTakeAllTwo decides two buckets in one multi-take: the same two
+// keys every time (HotKeys, and in parallel), or two neighbouring keys of
+// 1M existing ones drawn at random, in parallel (Uniform1M, the multi-take
+// counterpart of BenchmarkTakeUniform1M).
+func BenchmarkTakeAllTwo(b *testing.B) {
+	ctx := context.Background()
+	hot := []sluice.Request{
+		{Policy: "test", Key: "hot-key-16-bytes", Cost: 1, Limit: benchLimit},
+		{Policy: "user", Key: "hot-key-16-bytes", Cost: 1, Limit: benchLimit},
+	}
+	b.Run("HotKeys", func(b *testing.B) {
+		s := newStore(b, memstore.Options{})
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := s.TakeAll(ctx, hot); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("HotKeysParallel", func(b *testing.B) {
+		s := newStore(b, memstore.Options{})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := s.TakeAll(ctx, hot); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	b.Run("Uniform1M", func(b *testing.B) {
+		const n = 1 << 20
+		keys := benchKeys(n)
+		s := newStore(b, memstore.Options{MaxKeys: n})
+		for _, k := range keys {
+			if _, err := s.Take(ctx, sluice.Request{Policy: "test", Key: k, Cost: 1, Limit: benchLimit}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		seq := make([]uint32, 1<<22)
+		rng := rand.New(rand.NewSource(1))
+		for i := range seq {
+			seq[i] = uint32(rng.Intn(n))
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		var worker atomic.Uint32
+		b.RunParallel(func(pb *testing.PB) {
+			i := int(worker.Add(1)*7919) & (len(seq) - 1)
+			rs := make([]sluice.Request, 2)
+			for pb.Next() {
+				k := seq[i]
+				rs[0] = sluice.Request{Policy: "test", Key: keys[k], Cost: 1, Limit: benchLimit}
+				rs[1] = sluice.Request{Policy: "test", Key: keys[k^1], Cost: 1, Limit: benchLimit}
+				if _, err := s.TakeAll(ctx, rs); err != nil {
+					b.Error(err)
+					return
+				}
+				i = (i + 1) & (len(seq) - 1)
+			}
+		})
+	})
+}

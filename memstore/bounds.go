@@ -24,8 +24,9 @@ type Stats struct {
 	// because their shard's share of MaxRequestIDs was full; a late retry
 	// of one is decided afresh.
 	EvictedRequestIDs uint64
-	// Conversions counts takes that found their bucket stored under
-	// another limit than the request's and converted it (OnLimitChange).
+	// Conversions counts takes (and buckets of multi-takes, drains and
+	// refunds) that found their bucket stored under another limit than the
+	// request's and converted it (OnLimitChange).
 	// A count that keeps growing means that callers disagree on a policy's
 	// limit, for example two processes with different configs.
 	Conversions uint64
@@ -63,8 +64,9 @@ const (
 
 // reserveKey makes room for one new bucket in sh (locked by the caller):
 // under MaxKeys it counts it; at MaxKeys it reclaims full buckets, then
-// applies the overflow policy. The count never exceeds MaxKeys.
-func (s *Store) reserveKey(sh *shard, now int64) error {
+// applies the overflow policy, never to a pinned bucket of sh (the other
+// buckets of a multi-take). The count never exceeds MaxKeys.
+func (s *Store) reserveKey(sh *shard, now int64, pins []pin) error {
 	budget, evictions := reclaimBudget, 0
 	for {
 		c := s.keys.Load()
@@ -74,10 +76,10 @@ func (s *Store) reserveKey(sh *shard, now int64) error {
 			}
 			continue
 		}
-		if s.reclaim(sh, now, &budget) {
+		if s.reclaim(sh, now, &budget, pins) {
 			continue
 		}
-		if s.overflow == EvictLRU && evictions < evictTries && s.evict(sh, now) {
+		if s.overflow == EvictLRU && evictions < evictTries && s.evict(sh, now, pins) {
 			evictions++
 			continue
 		}
@@ -88,13 +90,16 @@ func (s *Store) reserveKey(sh *shard, now int64) error {
 
 // reclaim drops buckets full at now, examining at most *budget of them:
 // first in sh (locked by the caller) if its bound on the next full bucket
-// has passed, then in up to reclaimShards other shards whose bound has
-// passed and whose lock is free, taken in turn from a store-wide cursor so
-// that successive inserts visit every shard. It reports whether it dropped
-// any. It can miss full buckets of shards it did not visit: the sweeper
-// drops those.
-func (s *Store) reclaim(sh *shard, now int64, budget *int) bool {
-	if sh.minFull.Load() <= now && s.scan(sh, now, budget) > 0 {
+// has passed, keeping its pinned buckets, then in up to reclaimShards
+// other shards whose bound has passed and whose lock is free, taken in
+// turn from a store-wide cursor so that successive inserts visit every
+// shard. It reports whether it dropped any. It can miss full buckets of
+// shards it did not visit: the sweeper drops those.
+//
+// Only sh can hold pinned buckets: a multi-take pins buckets only in
+// shards it has locked, whose TryLock fails.
+func (s *Store) reclaim(sh *shard, now int64, budget *int, pins []pin) bool {
+	if sh.minFull.Load() <= now && s.scan(sh, now, budget, pins) > 0 {
 		return true
 	}
 	probes := uint64(min(reclaimShards, len(s.shards)-1))
@@ -107,7 +112,7 @@ func (s *Store) reclaim(sh *shard, now int64, budget *int) bool {
 		if o == sh || o.minFull.Load() > now || !o.mu.TryLock() {
 			continue
 		}
-		n := s.scan(o, now, budget)
+		n := s.scan(o, now, budget, nil)
 		o.mu.Unlock()
 		if n > 0 {
 			return true
@@ -117,10 +122,10 @@ func (s *Store) reclaim(sh *shard, now int64, budget *int) bool {
 }
 
 // evict drops the least recently used of a sample of buckets, from sh if
-// it has any, else from one of up to reclaimShards other shards whose lock
-// is free. It reports whether it dropped one.
-func (s *Store) evict(sh *shard, now int64) bool {
-	if s.evictFrom(sh, now) {
+// it has any but its pinned ones, else from one of up to reclaimShards
+// other shards whose lock is free. It reports whether it dropped one.
+func (s *Store) evict(sh *shard, now int64, pins []pin) bool {
+	if s.evictFrom(sh, now, pins) {
 		return true
 	}
 	probes := uint64(min(reclaimShards, len(s.shards)-1))
@@ -130,7 +135,7 @@ func (s *Store) evict(sh *shard, now int64) bool {
 		if o == sh || !o.mu.TryLock() {
 			continue
 		}
-		ok := s.evictFrom(o, now)
+		ok := s.evictFrom(o, now, nil)
 		o.mu.Unlock()
 		if ok {
 			return true
@@ -140,11 +145,11 @@ func (s *Store) evict(sh *shard, now int64) bool {
 }
 
 // evictFrom drops the bucket with the oldest stamp among a random sample
-// of sh's buckets (sh locked by the caller). The shard's floor rises to
-// now, or to the bucket's stamp if that is later, so that its key comes
-// back full but not at an earlier time.
-func (s *Store) evictFrom(sh *shard, now int64) bool {
-	idx := sh.table.oldest(evictSample)
+// of sh's buckets that are not pinned (sh locked by the caller). The
+// shard's floor rises to now, or to the bucket's stamp if that is later,
+// so that its key comes back full but not at an earlier time.
+func (s *Store) evictFrom(sh *shard, now int64, pins []pin) bool {
+	idx := sh.table.oldest(evictSample, pins)
 	if idx < 0 {
 		return false
 	}

@@ -63,3 +63,52 @@ func ExampleStore_Take_requestID() {
 	// true 7 false
 	// true 7 true
 }
+
+// A request charged to a burst limit and a daily quota at once: both are
+// charged, or neither is.
+func ExampleStore_TakeAll() {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	store, err := memstore.New(memstore.Options{Now: func() time.Time { return now }})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer store.Close()
+	ctx := context.Background()
+	rs := []sluice.Request{
+		{Policy: "burst", Key: "user-1", Cost: 1, Limit: sluice.Limit{Capacity: 5, Rate: sluice.PerSecond(5)}},
+		{Policy: "daily", Key: "user-1", Cost: 1, Limit: sluice.Limit{Capacity: 3, Rate: sluice.Per(3, 24*time.Hour)}},
+	}
+	for range 4 {
+		md, _ := store.TakeAll(ctx, rs)
+		fmt.Println(md.Allowed, md.Parts[0].Remaining, md.Parts[1].Remaining, md.Denied)
+	}
+	// Output:
+	// true 4 2 -1
+	// true 3 1 -1
+	// true 2 0 -1
+	// false 2 0 1
+}
+
+// A take undone by its request ID: the refund gives the tokens back once,
+// and its retry gives nothing.
+func ExampleStore_Refund() {
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer store.Close()
+	ctx := context.Background()
+	r := sluice.Request{Policy: "exports", Key: "acct-7", Cost: 4, Limit: sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(0)}, RequestID: "job-3"}
+	d, _ := store.Take(ctx, r)
+	fmt.Println(d.Allowed, d.Remaining)
+	for range 2 {
+		d, _ = store.Refund(ctx, r)
+		fmt.Println(d.Remaining, d.Taken, d.Replayed)
+	}
+	// Output:
+	// true 6
+	// 10 -4 false
+	// 10 0 true
+}

@@ -22,6 +22,9 @@ type idRecord struct {
 	cost     int64
 	decision sluice.Decision
 	expires  int64
+	// refunded reports that a Refund with the ID has undone the take; a
+	// later one is a replay.
+	refunded bool
 }
 
 // idQueued is a queue entry: the ID and the expiry of the record it was

@@ -28,8 +28,10 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 )
 
-// Store is an in-memory sluice.Store. It is safe for concurrent use. Create
-// one with New and stop its sweeper with Close.
+// Store is an in-memory sluice.Store, and a sluice.Operator: it also
+// decides several buckets at once (TakeAll), drains, refunds and resets.
+// It is safe for concurrent use. Create one with New and stop its sweeper
+// with Close.
 type Store struct {
 	now        func() time.Time // nil: the monotonic clock
 	epoch      time.Time
@@ -57,7 +59,7 @@ type Store struct {
 	closeOnce sync.Once
 }
 
-var _ sluice.Store = (*Store)(nil)
+var _ sluice.Operator = (*Store)(nil)
 
 // New returns a Store configured by o and starts its sweeper (unless
 // disabled). An option out of its range is an error wrapping
@@ -232,44 +234,64 @@ func (s *Store) take(ctx context.Context, sh *shard, r *sluice.Request, pn polic
 		}
 	}
 
-	idx, _ := sh.table.find(pn, r.Key, tg)
-	var b *entry
-	switch {
-	case idx < 0:
-		pr, err := sh.acquire(pn, r.Limit)
-		if err != nil {
-			return err
-		}
-		if err := s.reserveKey(sh, now); err != nil {
-			sh.release(pr)
-			return err
-		}
-		// A bucket the shard may have dropped at a later reading than
-		// now comes back at that reading, never earlier.
-		e := entry{key: strings.Clone(r.Key), state: pr.plan.Full(max(now, sh.floor)), plan: pr}
-		idx = sh.table.insert(tg, e, s.shardBits, s.rehash)
-		b = &sh.table.entries[idx]
-	case sh.table.entries[idx].plan.plan.Limit() != r.Limit:
-		b = &sh.table.entries[idx]
-		pr, err := sh.acquire(pn, r.Limit)
-		if err != nil {
-			return err
-		}
-		old := b.plan
-		b.state = pr.plan.Convert(old.plan.Refill(b.state, now), &old.plan, s.conversion)
-		b.plan = pr
-		sh.release(old)
-		s.conversions.Add(1)
-	default:
-		b = &sh.table.entries[idx]
+	b, err := s.bucket(sh, r, pn, tg, now)
+	if err != nil {
+		return err
 	}
-
 	b.plan.plan.Take(&b.state, now, r.Cost, d)
 	sh.noteFullAt(now, d.ResetAfter)
 	if r.RequestID != "" && d.Allowed {
 		s.remember(sh, r, now, d)
 	}
 	return nil
+}
+
+// bucket returns the bucket of r in sh (locked by the caller) brought to
+// r.Limit: created full if it is missing and the store has room for it
+// (reserveKey), converted if it was last decided under another limit.
+func (s *Store) bucket(sh *shard, r *sluice.Request, pn policyName, tg uint32, now int64) (*entry, error) {
+	idx, _ := sh.table.find(pn, r.Key, tg)
+	if idx < 0 {
+		pr, err := sh.acquire(pn, r.Limit)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.reserveKey(sh, now, nil); err != nil {
+			sh.release(pr)
+			return nil, err
+		}
+		return s.insert(sh, pr, r.Key, tg, now), nil
+	}
+	b := &sh.table.entries[idx]
+	if b.plan.plan.Limit() != r.Limit {
+		pr, err := sh.acquire(pn, r.Limit)
+		if err != nil {
+			return nil, err
+		}
+		s.convert(sh, b, pr, now)
+	}
+	return b, nil
+}
+
+// insert adds the bucket of key under pr to sh (locked by the caller; the
+// key is missing, its room reserved, pr acquired for it), full, and
+// returns it.
+func (s *Store) insert(sh *shard, pr *planRef, key string, tg uint32, now int64) *entry {
+	// A bucket the shard may have dropped at a later reading than now
+	// comes back at that reading, never earlier.
+	e := entry{key: strings.Clone(key), state: pr.plan.Full(max(now, sh.floor)), plan: pr}
+	return &sh.table.entries[sh.table.insert(tg, e, s.shardBits, s.rehash)]
+}
+
+// convert carries b (in sh, locked by the caller), refilled up to now
+// under its limit, over to pr (acquired for it) under the store's
+// conversion, and counts it.
+func (s *Store) convert(sh *shard, b *entry, pr *planRef, now int64) {
+	old := b.plan
+	b.state = pr.plan.Convert(old.plan.Refill(b.state, now), &old.plan, s.conversion)
+	b.plan = pr
+	sh.release(old)
+	s.conversions.Add(1)
 }
 
 // Peek implements sluice.Store. It answers as a Take of r.Cost would, and

@@ -76,12 +76,12 @@ func (s *Store) sweep(sh *shard, now int64) int {
 }
 
 // scan continues the inserts' incremental reclaim scan of sh (locked by
-// the caller) for at most *budget buckets, drops those full at now, and
-// returns how many it dropped. Once the scan has passed the last entry,
-// every bucket of the shard has been seen or decided (noteFullAt) since it
-// started, so the least full-at tick among them becomes the shard's bound,
-// and the scan starts over.
-func (s *Store) scan(sh *shard, now int64, budget *int) int {
+// the caller) for at most *budget buckets, drops those full at now but
+// the pinned ones, and returns how many it dropped. Once the scan has
+// passed the last entry, every bucket of the shard has been seen or
+// decided (noteFullAt) since it started, so the least full-at tick among
+// them becomes the shard's bound, and the scan starts over.
+func (s *Store) scan(sh *shard, now int64, budget *int, pins []pin) int {
 	removed := 0
 	for *budget > 0 {
 		if sh.scanAt >= len(sh.table.entries) {
@@ -92,7 +92,7 @@ func (s *Store) scan(sh *shard, now int64, budget *int) int {
 		*budget--
 		sh.examined++
 		e := &sh.table.entries[sh.scanAt]
-		if full := e.plan.plan.FullAt(e.state); full <= now {
+		if full := e.plan.plan.FullAt(e.state); full <= now && !pinned(pins, e) {
 			s.drop(sh, sh.scanAt) // the last entry moves here, to be seen next
 			removed++
 		} else {

@@ -140,16 +140,46 @@ func (t *table) resize(n int, shardBits uint, rehash func(*entry) uint64) {
 }
 
 // oldest returns the index of the entry with the oldest stamp among a
-// random sample of n entries, or -1 if the table is empty.
-func (t *table) oldest(n int) int {
+// random sample of n entries that are not pinned, or -1 if there is none.
+// If every entry sampled is pinned, it returns the first entry that is
+// not.
+func (t *table) oldest(n int, pins []pin) int {
 	if len(t.entries) == 0 {
 		return -1
 	}
-	best := rand.IntN(len(t.entries))
-	for range n - 1 {
-		if i := rand.IntN(len(t.entries)); t.entries[i].state.Stamp < t.entries[best].state.Stamp {
+	best := -1
+	for range n {
+		i := rand.IntN(len(t.entries))
+		if pinned(pins, &t.entries[i]) {
+			continue
+		}
+		if best < 0 || t.entries[i].state.Stamp < t.entries[best].state.Stamp {
 			best = i
 		}
 	}
+	if best < 0 {
+		for i := range t.entries {
+			if !pinned(pins, &t.entries[i]) {
+				return i
+			}
+		}
+	}
 	return best
+}
+
+// pin names a bucket that an insert must neither reclaim nor evict to make
+// room: another bucket of the multi-take that makes the insert.
+type pin struct {
+	policy policyName
+	key    string
+}
+
+// pinned reports whether e is one of the buckets pins name.
+func pinned(pins []pin, e *entry) bool {
+	for i := range pins {
+		if e.is(pins[i].policy, pins[i].key) {
+			return true
+		}
+	}
+	return false
 }

@@ -94,7 +94,7 @@ func checkTable(t *testing.T, tb *table, want map[identity]int64, shardBits uint
 
 func TestTableOldest(t *testing.T) {
 	var tb table
-	if got := tb.oldest(8); got != -1 {
+	if got := tb.oldest(8, nil); got != -1 {
 		t.Fatalf("oldest of an empty table = %d, want -1", got)
 	}
 	hash, ref := testHash()
@@ -105,7 +105,7 @@ func TestTableOldest(t *testing.T) {
 	}
 	// A sample of 64 among 4 entries sees the oldest with near certainty
 	// (probability of missing it (3/4)^64 < 1e-7).
-	if got := tb.oldest(64); tb.entries[got].state.Stamp != 7 {
+	if got := tb.oldest(64, nil); tb.entries[got].state.Stamp != 7 {
 		t.Fatalf("oldest(64) = entry with stamp %d, want 7", tb.entries[got].state.Stamp)
 	}
 }
@@ -184,5 +184,29 @@ func TestHotPathHash(t *testing.T) {
 				t.Fatalf("peek of %q %q after the table grew = %+v, %v; the bucket was lost", policy, key, d, err)
 			}
 		}
+	}
+}
+
+// oldest never returns a pinned entry: it skips them in its sample, and
+// when the sample held only pinned entries it takes the first other one.
+func TestTableOldestSkipsPinned(t *testing.T) {
+	var tb table
+	hash, ref := testHash()
+	var pins []pin
+	for i := range 40 {
+		e := entry{key: fmt.Sprint(i), plan: ref("test")}
+		e.state.Stamp = int64(i)
+		tb.insert(tag(hash(&e), 0), e, 0, hash)
+		if i != 25 {
+			pins = append(pins, pin{policy: e.plan.policy, key: e.key})
+		}
+	}
+	for range 100 {
+		if got := tb.oldest(2, pins); got < 0 || tb.entries[got].key != "25" {
+			t.Fatalf("oldest(2) with all but entry 25 pinned = %d, want entry 25", got)
+		}
+	}
+	if got := tb.oldest(8, append(pins, pin{policy: pins[0].policy, key: "25"})); got != -1 {
+		t.Fatalf("oldest(8) with every entry pinned = %d, want -1", got)
 	}
 }
