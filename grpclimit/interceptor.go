@@ -12,9 +12,11 @@
 // never goes through silently: a store failure is codes.Unavailable, and so
 // is a denial made by a failure policy while the store is unreachable (a
 // decision with Degraded set; Options.DegradedCode), never
-// ResourceExhausted. Allowed calls get the quota in their response header
-// metadata (ratelimit-policy and ratelimit, the values of the HTTP fields),
-// denied ones in their trailer.
+// ResourceExhausted. Allowed calls get the quota in the header metadata of
+// their answer (ratelimit-policy and ratelimit, the values of the HTTP
+// fields), or in the trailer if the handler fails before answering; denied
+// ones in their trailer: response headers would commit the call, and gRPC
+// would not retry it.
 package grpclimit
 
 import (
@@ -22,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -55,9 +58,10 @@ var (
 // Metadata keys the interceptors write.
 const (
 	// MetadataRateLimitPolicy is the metadata key of the quota
-	// policies, in the header of an allowed call and in the trailer of a
-	// denied one: the value of the HTTP RateLimit-Policy field
-	// (draft-ietf-httpapi-ratelimit-headers-11), one item per limit.
+	// policies, in the header of an allowed call's answer and in the
+	// trailer of a denied or failed one: the value of the HTTP
+	// RateLimit-Policy field (draft-ietf-httpapi-ratelimit-headers-11),
+	// one item per limit.
 	MetadataRateLimitPolicy = "ratelimit-policy"
 	// MetadataRateLimit is the metadata key of the current service
 	// limits, beside MetadataRateLimitPolicy: the value of the HTTP
@@ -274,13 +278,23 @@ func (in *Interceptor) Policies() []string { return append([]string(nil), in.pol
 // the handler only if the call is allowed.
 func (in *Interceptor) Unary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		err := in.admit(ctx, info.FullMethod,
-			func(md metadata.MD) { grpc.SetHeader(ctx, md) },  //nolint:errcheck // no stream when called directly: nothing to set
-			func(md metadata.MD) { grpc.SetTrailer(ctx, md) }) //nolint:errcheck // likewise
+		md, err := in.admit(ctx, info.FullMethod)
 		if err != nil {
+			if md != nil {
+				grpc.SetTrailer(ctx, md) //nolint:errcheck // no stream when called directly: nothing to set
+			}
 			return nil, err
 		}
-		return handler(ctx, req)
+		resp, err := handler(ctx, req)
+		if md != nil {
+			// In the header of the answer, which is sent after this
+			// returns; in the trailer of a failed call, or if the handler
+			// has sent its header itself.
+			if err != nil || grpc.SetHeader(ctx, md) != nil {
+				grpc.SetTrailer(ctx, md) //nolint:errcheck // likewise
+			}
+		}
+		return resp, err
 	}
 }
 
@@ -289,27 +303,66 @@ func (in *Interceptor) Unary() grpc.UnaryServerInterceptor {
 // Messages on an admitted stream are not limited.
 func (in *Interceptor) Stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		err := in.admit(ss.Context(), info.FullMethod,
-			func(md metadata.MD) { ss.SetHeader(md) }, //nolint:errcheck // headers already sent: nothing to do
-			ss.SetTrailer)
+		md, err := in.admit(ss.Context(), info.FullMethod)
 		if err != nil {
+			if md != nil {
+				ss.SetTrailer(md)
+			}
 			return err
 		}
-		return handler(srv, ss)
+		if md == nil {
+			return handler(srv, ss)
+		}
+		fs := &fieldStream{ServerStream: ss, md: md}
+		err = handler(srv, fs)
+		fs.once.Do(func() { ss.SetTrailer(md) }) // nothing was sent
+		return err
 	}
 }
 
-// admit returns nil if the call may go on, or the status error it fails
-// with. It sets the fields in the header metadata of an allowed call
-// (setHeader), and in the trailer of a denied one (setTrailer), with the
-// pushback.
-func (in *Interceptor) admit(ctx context.Context, method string, setHeader, setTrailer func(metadata.MD)) error {
+// fieldStream adds the quota fields to the header of an allowed stream when
+// the handler first sends, so that a stream that fails before sending
+// anything stays a trailers-only answer, which gRPC can retry.
+type fieldStream struct {
+	grpc.ServerStream
+	md   metadata.MD
+	once sync.Once
+}
+
+func (s *fieldStream) attach() {
+	s.once.Do(func() {
+		if s.ServerStream.SetHeader(s.md) != nil {
+			s.ServerStream.SetTrailer(s.md)
+		}
+	})
+}
+
+func (s *fieldStream) SendHeader(md metadata.MD) error {
+	s.attach()
+	return s.ServerStream.SendHeader(md)
+}
+
+func (s *fieldStream) SendMsg(m any) error {
+	s.attach()
+	return s.ServerStream.SendMsg(m)
+}
+
+// admit decides the call. It returns nil if the call may go on, or the
+// status error it fails with; and the metadata the call's answer carries,
+// if any: the fields (for the header of an allowed call, which must not be
+// sent before the handler answers: gRPC commits, and never retries, a call
+// whose headers have arrived), or the fields and the pushback (for the
+// trailer of a denied one, which sends no header at all).
+func (in *Interceptor) admit(ctx context.Context, method string) (metadata.MD, error) {
 	var d limitcore.Decision
 	if err := in.core.Decide(ctx, call{ctx, method}, &d); err != nil {
-		return in.onError(ctx, method, err)
+		return nil, in.onError(ctx, method, err)
 	}
 	f := in.core.Fields(&d)
-	md := make(metadata.MD, 3)
+	var md metadata.MD
+	if f.Policy != "" || f.Limit != "" || !d.Allowed {
+		md = make(metadata.MD, 3)
+	}
 	if f.Policy != "" {
 		md[MetadataRateLimitPolicy] = []string{f.Policy}
 	}
@@ -317,13 +370,8 @@ func (in *Interceptor) admit(ctx context.Context, method string, setHeader, setT
 		md[MetadataRateLimit] = []string{f.Limit}
 	}
 	if d.Allowed {
-		if len(md) > 0 {
-			setHeader(md)
-		}
-		return nil
+		return md, nil
 	}
-	// A denial sends no response headers, only trailers: gRPC commits a
-	// call whose headers arrived, and would not retry it.
 	waits := d.RetryAfter > 0 && d.RetryAfter != sluice.Never
 	var details []protoadapt.MessageV1
 	if waits {
@@ -333,15 +381,14 @@ func (in *Interceptor) admit(ctx context.Context, method string, setHeader, setT
 		if waits {
 			md[MetadataRetryPushback] = []string{pushback(d.RetryAfter)}
 		}
-		if len(md) > 0 {
-			setTrailer(md)
+		if len(md) == 0 {
+			md = nil
 		}
 		st, _ := status.New(in.degradedCode, "rate limiter degraded: the call cannot be admitted now").WithDetails(details...)
-		return st.Err()
+		return md, st.Err()
 	}
 	// Waiting cannot help: -1 tells gRPC's retry policy not to retry.
 	md[MetadataRetryPushback] = []string{pushback(d.RetryAfter)}
-	setTrailer(md)
 	qf := &errdetails.QuotaFailure{}
 	for i, p := range d.Parts {
 		if p.Allowed {
@@ -368,7 +415,7 @@ func (in *Interceptor) admit(ctx context.Context, method string, setHeader, setT
 		msg = fmt.Sprintf("rate limit %q exceeded; waiting will not help", policy)
 	}
 	st, _ := status.New(in.quotaCode, msg).WithDetails(details...)
-	return st.Err()
+	return md, st.Err()
 }
 
 // pushback returns the grpc-retry-pushback-ms value of a wait: whole

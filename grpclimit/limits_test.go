@@ -331,3 +331,116 @@ func TestSeveralLimitsKeys(t *testing.T) {
 		}
 	}
 }
+
+// flaky fails its first Check with Unavailable and answers the next.
+type flaky struct {
+	healthpb.UnimplementedHealthServer
+	calls atomic.Int64
+}
+
+func (f *flaky) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	if f.calls.Add(1) == 1 {
+		return nil, status.Error(codes.Unavailable, "warming up")
+	}
+	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
+}
+
+// The quota fields of an allowed call must not keep gRPC from retrying
+// the handler's own retryable error: response headers commit a call, so
+// the fields of a call that fails go in its trailer.
+func TestAllowedCallStillRetried(t *testing.T) {
+	mem := newMem(t, memstore.Options{SweepInterval: -1})
+	in, err := grpclimit.New(mem, grpclimit.Options{
+		Policy: "api",
+		Key:    grpclimit.MetadataKey("x-api-key"),
+		Limit:  sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &flaky{}
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(in.Unary()))
+	healthpb.RegisterHealthServer(srv, svc)
+	var wg sync.WaitGroup
+	wg.Go(func() { srv.Serve(lis) }) //nolint:errcheck // returns when stopped
+	defer func() { srv.Stop(); wg.Wait() }()
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"methodConfig": [{
+			"name": [{"service": "grpc.health.v1.Health"}],
+			"retryPolicy": {"maxAttempts": 2, "initialBackoff": "0.01s", "maxBackoff": "0.01s",
+				"backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(withKey("a"), 10*time.Second)
+	defer cancel()
+	var header, trailer metadata.MD
+	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header), grpc.Trailer(&trailer)); err != nil {
+		t.Fatalf("Check: %v, want the handler's Unavailable retried", err)
+	}
+	if got := svc.calls.Load(); got != 2 {
+		t.Errorf("handler called %d times, want 2", got)
+	}
+	if got, want := first(header, "ratelimit"), `"api";r=8;t=1`; got != want {
+		t.Errorf("ratelimit header of the successful attempt = %q, want %q", got, want)
+	}
+}
+
+// A stream whose handler fails before sending anything keeps a
+// trailers-only answer, with the fields in the trailer; one that sends has
+// them in its header.
+func TestStreamFieldsWhenTheHandlerFails(t *testing.T) {
+	mem := newMem(t, memstore.Options{Now: sluicetest.NewClock(start).Now, SweepInterval: -1})
+	in, err := grpclimit.New(mem, grpclimit.Options{
+		Policy: "streams",
+		Key:    grpclimit.MetadataKey("x-api-key"),
+		Limit:  sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc := grpc.ServiceDesc{
+		ServiceName: "test.S",
+		HandlerType: (*any)(nil),
+		Streams: []grpc.StreamDesc{{
+			StreamName:    "Fail",
+			ServerStreams: true,
+			Handler: func(any, grpc.ServerStream) error {
+				return status.Error(codes.Unavailable, "warming up")
+			},
+		}},
+	}
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer(grpc.ChainStreamInterceptor(in.Stream()))
+	srv.RegisterService(&desc, struct{}{})
+	var wg sync.WaitGroup
+	wg.Go(func() { srv.Serve(lis) }) //nolint:errcheck // returns when stopped
+	defer func() { srv.Stop(); wg.Wait() }()
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cs, err := conn.NewStream(withKey("a"), &desc.Streams[0], "/test.S/Fail")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.RecvMsg(new(healthpb.HealthCheckResponse)); status.Code(err) != codes.Unavailable {
+		t.Fatalf("RecvMsg: %v, want the handler's Unavailable", err)
+	}
+	if h, _ := cs.Header(); len(h) > 0 {
+		t.Errorf("header %v: a failed stream must stay trailers-only", h)
+	}
+	if got, want := first(cs.Trailer(), "ratelimit"), `"streams";r=9;t=1`; got != want {
+		t.Errorf("trailer ratelimit = %q, want %q", got, want)
+	}
+}
