@@ -122,18 +122,9 @@ func (v versionCollector) Collect(ch chan<- prometheus.Metric) {
 
 // policyTable turns cfg's policies into the core's, checked against store.
 func policyTable(store sluice.Store, cfg config.Config) (*service.Table, error) {
-	var policies []service.Policy
-	var errs []error
+	policies := make([]service.Policy, 0, len(cfg.Policies))
 	for _, p := range cfg.Policies {
-		if len(p.Limits) != 1 {
-			errs = append(errs, fmt.Errorf("%w: policy %q: %d limits decided together are not supported by this version of sluice serve; give one limit",
-				sluice.ErrInvalidOption, p.Name, len(p.Limits)))
-			continue
-		}
-		policies = append(policies, service.Policy{Name: p.Name, Limit: p.Limits[0], Shadow: p.Shadow})
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		policies = append(policies, service.Policy{Name: p.Name, Limits: p.Limits, Shadow: p.Shadow})
 	}
 	return service.NewTable(store, cfg.Version, policies)
 }
