@@ -68,7 +68,7 @@ func first(md metadata.MD, key string) string {
 // header metadata.
 func TestSeveralLimits(t *testing.T) {
 	clock := sluicetest.NewClock(start)
-	store := newModelStore(clock)
+	store := newMem(t, memstore.Options{Now: clock.Now, SweepInterval: -1})
 	in, err := grpclimit.New(store, grpclimit.Options{
 		Key: grpclimit.MetadataKey("x-api-key"),
 		Limits: []grpclimit.Limit{
@@ -271,7 +271,7 @@ func TestStreamMetadata(t *testing.T) {
 type plain struct{ sluice.Store }
 
 func TestNewInvalidLimits(t *testing.T) {
-	store := newModelStore(sluicetest.NewClock(start))
+	store := newMem(t, memstore.Options{Now: sluicetest.NewClock(start).Now, SweepInterval: -1})
 	two := []grpclimit.Limit{{Policy: "a", Limit: burstLimit}, {Policy: "b", Limit: dailyLimit}}
 	tests := []struct {
 		name  string
@@ -301,7 +301,7 @@ func TestNewInvalidLimits(t *testing.T) {
 // Each limit keys the call its own way, and a key one of them cannot find
 // fails the call before anything is charged.
 func TestSeveralLimitsKeys(t *testing.T) {
-	store := newModelStore(sluicetest.NewClock(start))
+	store := newMem(t, memstore.Options{Now: sluicetest.NewClock(start).Now, SweepInterval: -1})
 	in, err := grpclimit.New(store, grpclimit.Options{
 		Key: grpclimit.MetadataKey("x-api-key"),
 		Limits: []grpclimit.Limit{

@@ -12,7 +12,6 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/memstore"
-	"github.com/sluicehq/sluice/sluicetest"
 )
 
 // Two requests per API key at once, one more every two seconds: two
@@ -71,8 +70,12 @@ func Example() {
 // comes from it, with its own wait, while the burst bucket (charged
 // nothing for the denial) is full.
 func Example_severalLimits() {
-	clock := sluicetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)) // a clock the example controls
-	store := newModelStore(clock)                                             // any sluice.Operator
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC) // a clock the example controls
+	store, err := memstore.New(memstore.Options{Now: func() time.Time { return now }})
+	if err != nil {
+		panic(err)
+	}
+	defer store.Close()
 
 	m, err := httplimit.New(store, httplimit.Options{
 		Key: httplimit.HeaderKey("X-Api-Key"),
@@ -101,13 +104,13 @@ func Example_severalLimits() {
 	for range 9 {
 		get() // the burst is used up
 	}
-	clock.Advance(time.Second)
+	now = now.Add(time.Second)
 	for range 9 {
 		get()
 	}
 	rec = get() // the 20th request of the day
 	fmt.Println(rec.Code, rec.Header().Get("RateLimit"))
-	clock.Advance(time.Second)
+	now = now.Add(time.Second)
 	rec = get()
 	fmt.Println(rec.Code, rec.Header().Get("RateLimit"))
 	fmt.Println("Retry-After:", rec.Header().Get("Retry-After"))

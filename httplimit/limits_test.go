@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -32,7 +33,7 @@ var (
 // and both policies are reported, one list item each.
 func TestSeveralLimits(t *testing.T) {
 	clock := sluicetest.NewClock(start)
-	store := newModelStore(clock)
+	store := newMem(t, memstore.Options{Now: clock.Now, SweepInterval: -1})
 	m, err := httplimit.New(store, httplimit.Options{
 		Key: httplimit.HeaderKey("X-User"),
 		Limits: []httplimit.Limit{
@@ -104,7 +105,7 @@ func TestDeniedHandler(t *testing.T) {
 	clock := sluicetest.NewClock(start)
 	var got httplimit.Decision
 	var inContext bool
-	m, err := httplimit.New(newModelStore(clock), httplimit.Options{
+	m, err := httplimit.New(newMem(t, memstore.Options{Now: clock.Now, SweepInterval: -1}), httplimit.Options{
 		Key:    httplimit.HeaderKey("X-User"),
 		Limits: []httplimit.Limit{{Policy: "burst", Limit: burstLimit}, {Policy: "daily", Limit: dailyLimit}},
 		DeniedHandler: func(w http.ResponseWriter, r *http.Request, d httplimit.Decision) {
@@ -137,7 +138,7 @@ func TestDeniedHandler(t *testing.T) {
 // Skipped requests are not decided: nothing charged, no fields, no
 // decision in the context.
 func TestSkip(t *testing.T) {
-	store := newModelStore(sluicetest.NewClock(start))
+	store := newMem(t, memstore.Options{Now: sluicetest.NewClock(start).Now, SweepInterval: -1})
 	l := sluice.Limit{Capacity: 1, Rate: sluice.PerSecond(0)}
 	m, err := httplimit.New(store, httplimit.Options{
 		Policy: "api",
@@ -170,7 +171,7 @@ func TestFromContext(t *testing.T) {
 	if _, ok := httplimit.FromContext(context.Background()); ok {
 		t.Error("FromContext(Background) found a decision")
 	}
-	store := newModelStore(sluicetest.NewClock(start))
+	store := newMem(t, memstore.Options{Now: sluicetest.NewClock(start).Now, SweepInterval: -1})
 	m, err := httplimit.New(store, httplimit.Options{
 		Key: httplimit.HeaderKey("X-User"),
 		Limits: []httplimit.Limit{
@@ -207,7 +208,7 @@ func TestFromContext(t *testing.T) {
 
 func TestLegacyHeaders(t *testing.T) {
 	clock := sluicetest.NewClock(start)
-	store := newModelStore(clock)
+	store := newMem(t, memstore.Options{Now: clock.Now, SweepInterval: -1})
 	m, err := httplimit.New(store, httplimit.Options{
 		Key:           httplimit.HeaderKey("X-User"),
 		Limits:        []httplimit.Limit{{Policy: "burst", Limit: burstLimit}, {Policy: "daily", Limit: dailyLimit}},
@@ -255,7 +256,7 @@ func TestLegacyHeaders(t *testing.T) {
 
 // degradedAll answers every multi-take as a failure policy failing closed
 // does: every part denied and degraded.
-type degradedAll struct{ *modelStore }
+type degradedAll struct{ *memstore.Store }
 
 func (s degradedAll) TakeAll(_ context.Context, rs []sluice.Request) (sluice.MultiDecision, error) {
 	md := sluice.MultiDecision{Degraded: true, Parts: make([]sluice.Decision, len(rs))}
@@ -267,7 +268,7 @@ func (s degradedAll) TakeAll(_ context.Context, rs []sluice.Request) (sluice.Mul
 }
 
 func TestSeveralLimitsDegraded(t *testing.T) {
-	store := degradedAll{newModelStore(sluicetest.NewClock(start))}
+	store := degradedAll{newMem(t, memstore.Options{Now: sluicetest.NewClock(start).Now, SweepInterval: -1})}
 	m, err := httplimit.New(store, httplimit.Options{
 		Limits: []httplimit.Limit{{Policy: "burst", Limit: burstLimit}, {Policy: "daily", Limit: dailyLimit}},
 	})
@@ -287,7 +288,7 @@ func TestSeveralLimitsDegraded(t *testing.T) {
 }
 
 func TestNewInvalidLimits(t *testing.T) {
-	store := newModelStore(sluicetest.NewClock(start))
+	store := newMem(t, memstore.Options{Now: sluicetest.NewClock(start).Now, SweepInterval: -1})
 	two := []httplimit.Limit{{Policy: "a", Limit: burstLimit}, {Policy: "b", Limit: dailyLimit}}
 	many := make([]httplimit.Limit, sluice.MaxParts+1)
 	for i := range many {
@@ -330,7 +331,7 @@ type plain struct{ sluice.Store }
 // is allowed: a request the per-tenant limit denies is not charged to the
 // per-user one, or the per-user allowance would be used up too.
 func TestSeveralLimitsConcurrent(t *testing.T) {
-	store := newModelStore(sluicetest.NewClock(start))
+	store := newMem(t, memstore.Options{Now: sluicetest.NewClock(start).Now, SweepInterval: -1})
 	never := func(c int64) sluice.Limit { return sluice.Limit{Capacity: c, Rate: sluice.PerSecond(0)} }
 	m, err := httplimit.New(store, httplimit.Options{
 		Limits: []httplimit.Limit{{Policy: "user", Limit: never(1000)}, {Policy: "tenant", Limit: never(300)}},

@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -61,11 +62,22 @@ func config(limits ...Limit[call]) Config[call] {
 	return Config[call]{Limits: limits, Cost: costOf, ErrNoKey: errNoKey, ErrStore: errStore}
 }
 
+// newMem returns a memstore.Store on clock, closed when the test ends.
+func newMem(t *testing.T, clock *sluicetest.Clock) *memstore.Store {
+	t.Helper()
+	mem, err := memstore.New(memstore.Options{Now: clock.Now, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mem.Close() })
+	return mem
+}
+
 // plain is a sluice.Store that is not a sluice.Operator.
 type plain struct{ sluice.Store }
 
 func TestNew(t *testing.T) {
-	model := newModelStore(sluicetest.NewClock(start))
+	store := newMem(t, sluicetest.NewClock(start))
 	ok := sluice.Limit{Capacity: 1, Rate: sluice.PerSecond(1)}
 	limitFunc := func(call) (sluice.Limit, error) { return ok, nil }
 	many := func(n int) []Limit[call] {
@@ -85,21 +97,21 @@ func TestNew(t *testing.T) {
 		want  error // nil: accepted
 		msg   string
 	}{
-		{name: "one limit", store: model, cfg: config(Limit[call]{Policy: "a", Limit: ok})},
-		{name: "one limit on a plain store", store: plain{model}, cfg: config(Limit[call]{Policy: "a", Limit: ok})},
-		{name: "sluice.MaxParts limits", store: model, cfg: config(many(sluice.MaxParts)...)},
-		{name: "LimitFunc", store: model, cfg: config(Limit[call]{Policy: "a", LimitFunc: limitFunc}, Limit[call]{Policy: "b", Limit: ok})},
+		{name: "one limit", store: store, cfg: config(Limit[call]{Policy: "a", Limit: ok})},
+		{name: "one limit on a plain store", store: plain{store}, cfg: config(Limit[call]{Policy: "a", Limit: ok})},
+		{name: "sluice.MaxParts limits", store: store, cfg: config(many(sluice.MaxParts)...)},
+		{name: "LimitFunc", store: store, cfg: config(Limit[call]{Policy: "a", LimitFunc: limitFunc}, Limit[call]{Policy: "b", Limit: ok})},
 		{name: "nil store", cfg: config(Limit[call]{Policy: "a", Limit: ok}), want: sluice.ErrInvalidOption},
-		{name: "no limits", store: model, cfg: config(), want: sluice.ErrInvalidOption},
-		{name: "too many limits", store: model, cfg: config(many(sluice.MaxParts + 1)...), want: sluice.ErrInvalidOption, msg: "17 limits, more than 16"},
-		{name: "empty policy", store: model, cfg: config(Limit[call]{Policy: "a", Limit: ok}, Limit[call]{Limit: ok}), want: sluice.ErrInvalidPolicy, msg: "Options.Limits[1].Policy is empty"},
-		{name: "bad policy", store: model, cfg: config(Limit[call]{Policy: "a b", Limit: ok}), want: sluice.ErrInvalidPolicy},
-		{name: "same policy twice", store: model, cfg: config(Limit[call]{Policy: "a", Limit: ok}, Limit[call]{Policy: "a", Limit: burst}), want: sluice.ErrInvalidOption, msg: `Options.Limits[0] and Options.Limits[1] both have policy "a"`},
-		{name: "Limit and LimitFunc", store: model, cfg: config(Limit[call]{Policy: "a", Limit: ok, LimitFunc: limitFunc}), want: sluice.ErrInvalidOption},
-		{name: "no limit", store: model, cfg: config(Limit[call]{Policy: "a"}), want: sluice.ErrInvalidLimit},
-		{name: "no key function", store: model, cfg: Config[call]{Limits: []Limit[call]{{Option: "Options", Policy: "a", Limit: ok}}}, want: sluice.ErrInvalidOption},
-		{name: "several limits and a request ID", store: model, cfg: withID, want: sluice.ErrInvalidOption, msg: "Options.RequestIDHeader cannot be used with several limits"},
-		{name: "several limits on a plain store", store: plain{model}, cfg: config(Limit[call]{Policy: "a", Limit: ok}, Limit[call]{Policy: "b", Limit: ok}), want: sluice.ErrInvalidOption, msg: "does not implement sluice.Operator"},
+		{name: "no limits", store: store, cfg: config(), want: sluice.ErrInvalidOption},
+		{name: "too many limits", store: store, cfg: config(many(sluice.MaxParts + 1)...), want: sluice.ErrInvalidOption, msg: "17 limits, more than 16"},
+		{name: "empty policy", store: store, cfg: config(Limit[call]{Policy: "a", Limit: ok}, Limit[call]{Limit: ok}), want: sluice.ErrInvalidPolicy, msg: "Options.Limits[1].Policy is empty"},
+		{name: "bad policy", store: store, cfg: config(Limit[call]{Policy: "a b", Limit: ok}), want: sluice.ErrInvalidPolicy},
+		{name: "same policy twice", store: store, cfg: config(Limit[call]{Policy: "a", Limit: ok}, Limit[call]{Policy: "a", Limit: burst}), want: sluice.ErrInvalidOption, msg: `Options.Limits[0] and Options.Limits[1] both have policy "a"`},
+		{name: "Limit and LimitFunc", store: store, cfg: config(Limit[call]{Policy: "a", Limit: ok, LimitFunc: limitFunc}), want: sluice.ErrInvalidOption},
+		{name: "no limit", store: store, cfg: config(Limit[call]{Policy: "a"}), want: sluice.ErrInvalidLimit},
+		{name: "no key function", store: store, cfg: Config[call]{Limits: []Limit[call]{{Option: "Options", Policy: "a", Limit: ok}}}, want: sluice.ErrInvalidOption},
+		{name: "several limits and a request ID", store: store, cfg: withID, want: sluice.ErrInvalidOption, msg: "Options.RequestIDHeader cannot be used with several limits"},
+		{name: "several limits on a plain store", store: plain{store}, cfg: config(Limit[call]{Policy: "a", Limit: ok}, Limit[call]{Policy: "b", Limit: ok}), want: sluice.ErrInvalidOption, msg: "does not implement sluice.Operator"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -122,8 +134,8 @@ func TestNew(t *testing.T) {
 // daily quota's.
 func TestDecideSeveral(t *testing.T) {
 	clock := sluicetest.NewClock(start)
-	model := newModelStore(clock)
-	c, err := New(model, config(Limit[call]{Policy: "burst", Limit: burst}, Limit[call]{Policy: "daily", Limit: daily}))
+	store := newMem(t, clock)
+	c, err := New(store, config(Limit[call]{Policy: "burst", Limit: burst}, Limit[call]{Policy: "daily", Limit: daily}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +160,7 @@ func TestDecideSeveral(t *testing.T) {
 		}
 	}
 	// Nothing was taken from the burst bucket by the denials: it is full.
-	p, err := model.Peek(ctx, sluice.Request{Policy: "burst", Key: "user:u", Cost: 1, Limit: burst})
+	p, err := store.Peek(ctx, sluice.Request{Policy: "burst", Key: "user:u", Cost: 1, Limit: burst})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,10 +189,10 @@ func TestDecideSeveral(t *testing.T) {
 // part.
 func TestDecideOne(t *testing.T) {
 	clock := sluicetest.NewClock(start)
-	model := newModelStore(clock)
+	store := newMem(t, clock)
 	cfg := config(Limit[call]{Option: "Options", Policy: "api", Limit: sluice.Limit{Capacity: 1, Rate: sluice.Every(time.Minute)}})
 	cfg.RequestID = func(c call) string { return c.id }
-	c, err := New(model, cfg)
+	c, err := New(store, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +291,7 @@ func TestDecideErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			store := tt.store
 			if store == nil {
-				store = newModelStore(sluicetest.NewClock(start))
+				store = newMem(t, sluicetest.NewClock(start))
 			}
 			c, err := New(store, tt.cfg)
 			if err != nil {
@@ -340,7 +352,7 @@ func TestFieldsDegradedAndDynamic(t *testing.T) {
 	// A limit from a LimitFunc is written as it is, every time.
 	clock := sluicetest.NewClock(start)
 	tier := sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(10)}
-	c, err = New(newModelStore(clock), config(
+	c, err = New(newMem(t, clock), config(
 		Limit[call]{Policy: "tenant", Key: byTenant, LimitFunc: func(call) (sluice.Limit, error) { return tier, nil }},
 		Limit[call]{Policy: "user", Limit: burst},
 	))
