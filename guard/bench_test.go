@@ -58,3 +58,32 @@ func BenchmarkTake(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTakeAll measures what the guard adds to a multi-take of two
+// buckets, as BenchmarkTake does for a take.
+func BenchmarkTakeAll(b *testing.B) {
+	l := sluice.Limit{Capacity: 1 << 40, Rate: sluice.PerSecond(1 << 40)}
+	ms := newMemstore(b, memstore.Options{})
+	for _, bc := range []struct {
+		name  string
+		store sluice.Operator
+	}{
+		{"memstore", ms},
+		{"guard", mustNew(b, ms, guard.Options{})},
+		{"guard-goroutine", mustNew(b, mayBlockOps{ms}, guard.Options{})},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			rs := []sluice.Request{{Policy: "a", Key: "k", Cost: 1, Limit: l}, {Policy: "b", Key: "k", Cost: 1, Limit: l}}
+			b.ReportAllocs()
+			for b.Loop() {
+				bc.store.TakeAll(ctx, rs)
+			}
+		})
+	}
+}
+
+// mayBlockOps is an Operator that does not implement guard.NonBlocking,
+// whatever the store it wraps does.
+type mayBlockOps struct{ sluice.Operator }

@@ -268,3 +268,75 @@ func TestBlackHoleClientIgnoringContext(t *testing.T) {
 	}
 	checkStalledDrain(t, g, client.Close)
 }
+
+// The operations of getStore make one GET each, as its Take does.
+
+func (s getStore) TakeAll(ctx context.Context, rs []sluice.Request) (sluice.MultiDecision, error) {
+	d, err := s.Take(ctx, rs[0])
+	if err != nil {
+		return sluice.MultiDecision{}, err
+	}
+	md := sluice.MultiDecision{Parts: make([]sluice.Decision, len(rs))}
+	for i := range md.Parts {
+		md.Parts[i] = d
+	}
+	md.Combine()
+	return md, nil
+}
+
+func (s getStore) Drain(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	return s.Take(ctx, r)
+}
+
+func (s getStore) Refund(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	return s.Take(ctx, r)
+}
+
+func (s getStore) Reset(ctx context.Context, policy, key string) error {
+	_, err := s.Take(ctx, sluice.Request{Policy: policy, Key: key})
+	return err
+}
+
+// TestBlackHoleEveryOp: every operation, through a client that ignores
+// the context's deadline, gets its guarded answer within the guard's
+// deadline on real sockets: a degraded denial, or for Refund and Reset an
+// error wrapping sluice.ErrUnavailable, caused by ErrTimeout.
+func TestBlackHoleEveryOp(t *testing.T) {
+	opts, p := blackHole(t)
+	client := redis.NewClient(&redis.Options{Addr: opts.Addr, DB: opts.DB, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	store := getStore{client}
+	if _, err := store.Take(t.Context(), req); err != nil {
+		t.Fatalf("GET through the proxy before the fault: %v", err)
+	}
+	p.DropReplies(true)
+	g := mustNew(t, store, guard.Options{FailureMode: guard.FailClosed, ConsecutiveFailures: -1, FailurePercent: -1, Hooks: guard.Hooks{Degraded: causeHook}})
+	const n = 4
+	var out []outcome
+	for _, op := range newOps {
+		for range n {
+			var o outcome
+			ctx := context.WithValue(context.Background(), causeKey{}, &o.cause)
+			start := time.Now()
+			res := do(ctx, g, op, req)
+			o.took = time.Since(start)
+			o.d, o.err = res.d, res.err
+			start = time.Now()
+			time.Sleep(time.Millisecond)
+			o.late = time.Since(start) - time.Millisecond
+			switch op {
+			case guard.OpRefund, guard.OpReset:
+				if !errors.Is(o.err, sluice.ErrUnavailable) || !errors.Is(o.err, guard.ErrTimeout) {
+					t.Errorf("%v = %v; want an error wrapping sluice.ErrUnavailable and ErrTimeout", op, o.err)
+				}
+			default:
+				if o.err != nil || !res.degraded() || res.allowed() || !errors.Is(o.cause, guard.ErrTimeout) {
+					t.Errorf("%v = %+v (cause %v); want a degraded denial caused by ErrTimeout", op, res, o.cause)
+				}
+			}
+			out = append(out, o)
+		}
+	}
+	checkLatency(t, "a client ignoring the context, every operation", out, guard.DefaultTimeout)
+	checkStalledDrain(t, g, client.Close)
+}

@@ -3,6 +3,7 @@ package guard
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -23,10 +24,28 @@ const (
 	failed
 )
 
+// query is one call of an operation: what the guard asks the store and,
+// for TakeAll, its answer.
+type query struct {
+	op Op
+	r  sluice.Request       // every operation's but TakeAll's; Reset's Policy and Key
+	rs []sluice.Request     // TakeAll's
+	md sluice.MultiDecision // TakeAll's answer, set by invoke or degrade
+}
+
+// policy returns the policy name the hooks report for q: its request's,
+// or a multi-take's first request's.
+func (q *query) policy() string {
+	if q.op == OpTakeAll {
+		return q.rs[0].Policy
+	}
+	return q.r.Policy
+}
+
 // call makes one store call within the deadline and reports it to the
 // breaker and the hooks. If failed, err is the cause to degrade with;
-// otherwise (d, err) is the answer to return.
-func (s *Store) call(ctx context.Context, op Op, r *sluice.Request, probe bool) (d sluice.Decision, isFailure bool, err error) {
+// otherwise (d, err), and q.md for TakeAll, is the answer to return.
+func (s *Store) call(ctx context.Context, q *query, probe bool) (d sluice.Decision, isFailure bool, err error) {
 	settled := false
 	if probe {
 		// A store that panics must not leave the breaker half-open for
@@ -43,9 +62,9 @@ func (s *Store) call(ctx context.Context, op Op, r *sluice.Request, probe bool) 
 	}
 	var out outcome
 	if s.inline {
-		d, out, err = s.callInline(ctx, op, r)
+		d, out, err = s.callInline(ctx, q)
 	} else {
-		d, out, err = s.callAsync(ctx, op, r)
+		d, out, err = s.callAsync(ctx, q)
 	}
 	end := s.now()
 
@@ -63,23 +82,35 @@ func (s *Store) call(ctx context.Context, op Op, r *sluice.Request, probe bool) 
 	}
 	settled = true
 	if s.hooks.StoreCall != nil {
-		s.hooks.StoreCall(ctx, Call{Op: op, Policy: r.Policy, Took: end.Sub(start), Err: err, Probe: probe})
+		s.hooks.StoreCall(ctx, Call{Op: q.op, Policy: q.policy(), Took: end.Sub(start), Err: err, Probe: probe})
 	}
 	return d, out == failed, err
 }
 
-// invoke calls the store's method for op.
-func (s *Store) invoke(ctx context.Context, op Op, r *sluice.Request) (sluice.Decision, error) {
-	if op == OpTake {
-		return s.store.Take(ctx, *r)
+// invoke calls the store's method for q.op. The operations beyond Take and
+// Peek are called only if the store implements them (s.ops is set).
+func (s *Store) invoke(ctx context.Context, q *query) (sluice.Decision, error) {
+	switch q.op {
+	case OpTake:
+		return s.store.Take(ctx, q.r)
+	case OpPeek:
+		return s.store.Peek(ctx, q.r)
+	case OpTakeAll:
+		var err error
+		q.md, err = s.ops.TakeAll(ctx, q.rs)
+		return sluice.Decision{}, err
+	case OpDrain:
+		return s.ops.Drain(ctx, q.r)
+	case OpRefund:
+		return s.ops.Refund(ctx, q.r)
 	}
-	return s.store.Peek(ctx, *r)
+	return sluice.Decision{}, s.ops.Reset(ctx, q.r.Policy, q.r.Key)
 }
 
 // callInline calls a NonBlocking store on the caller's goroutine, with the
 // caller's context.
-func (s *Store) callInline(ctx context.Context, op Op, r *sluice.Request) (sluice.Decision, outcome, error) {
-	d, err := s.invoke(ctx, op, r)
+func (s *Store) callInline(ctx context.Context, q *query) (sluice.Decision, outcome, error) {
+	d, err := s.invoke(ctx, q)
 	switch {
 	case err == nil || isAnswer(err):
 		return d, answered, err
@@ -92,8 +123,10 @@ func (s *Store) callInline(ctx context.Context, op Op, r *sluice.Request) (sluic
 // callAsync calls the store on a goroutine of its own and waits for it
 // until the earlier of the caller's deadline and the guard's; at that
 // moment it stops waiting, and the call, if still running, is abandoned
-// (counted in s.stalled until it returns).
-func (s *Store) callAsync(ctx context.Context, op Op, r *sluice.Request) (sluice.Decision, outcome, error) {
+// (counted in s.stalled until it returns). The call has a copy of q (and of
+// a multi-take's requests), so that the caller may reuse its own once it
+// has its answer.
+func (s *Store) callAsync(ctx context.Context, q *query) (sluice.Decision, outcome, error) {
 	deadline := time.Now().Add(s.timeout)
 	callerDeadline, callerFirst := ctx.Deadline()
 	callerFirst = callerFirst && !deadline.Before(callerDeadline)
@@ -111,7 +144,10 @@ func (s *Store) callAsync(ctx context.Context, op Op, r *sluice.Request) (sluice
 		late = t.C
 	}
 
-	c := &pending{s: s, ctx: storeCtx, op: op, r: *r, done: make(chan struct{}, 1)}
+	c := &pending{s: s, ctx: storeCtx, q: *q, done: make(chan struct{}, 1)}
+	if q.op == OpTakeAll {
+		c.q.rs = slices.Clone(q.rs)
+	}
 	go c.run()
 	stopped := false
 	select {
@@ -137,6 +173,7 @@ func (s *Store) callAsync(ctx context.Context, op Op, r *sluice.Request) (sluice
 	if c.panicked {
 		panic(c.pv)
 	}
+	q.md = c.q.md
 	if err == nil || isAnswer(err) {
 		return d, answered, err
 	}
@@ -177,8 +214,7 @@ const (
 type pending struct {
 	s     *Store
 	ctx   context.Context
-	op    Op
-	r     sluice.Request
+	q     query
 	done  chan struct{} // one value once finished; buffered
 	state atomic.Uint32
 
@@ -206,6 +242,6 @@ func (c *pending) run() {
 			panic(c.pv) // nobody to hand it to
 		}
 	}()
-	c.d, c.err = c.s.invoke(c.ctx, c.op, &c.r)
+	c.d, c.err = c.s.invoke(c.ctx, &c.q)
 	ok = true
 }

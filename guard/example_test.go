@@ -25,6 +25,20 @@ func (unreachable) Peek(context.Context, sluice.Request) (sluice.Decision, error
 	return sluice.Decision{}, errRefused
 }
 
+func (unreachable) TakeAll(context.Context, []sluice.Request) (sluice.MultiDecision, error) {
+	return sluice.MultiDecision{}, errRefused
+}
+
+func (unreachable) Drain(context.Context, sluice.Request) (sluice.Decision, error) {
+	return sluice.Decision{}, errRefused
+}
+
+func (unreachable) Refund(context.Context, sluice.Request) (sluice.Decision, error) {
+	return sluice.Decision{}, errRefused
+}
+
+func (unreachable) Reset(context.Context, string, string) error { return errRefused }
+
 // With the store down, FailLocal decides against a local bucket holding a
 // quarter of the limit (four instances share the store); every such
 // decision is marked degraded and its cause goes to the hook.
@@ -100,4 +114,36 @@ func Example_status() {
 	// 429
 	// 503
 	// 400
+}
+
+// Charges made after the fact with the store down: a degraded drain was not
+// recorded by the store (under FailOpen it took nothing: Taken 0), so a
+// caller that must account for every token keeps what it owes, to drain
+// it again once the store is back. A
+// refund is never degraded: no failure mode gives tokens back in the
+// store's place.
+func Example_drain() {
+	store, err := guard.New(unreachable{}, guard.Options{FailureMode: guard.FailOpen})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	limit := sluice.Limit{Capacity: 1 << 20, Rate: sluice.PerSecond(1 << 16)}
+	var owed int64
+	for _, sent := range []int64{1500, 64000} {
+		r := sluice.Request{Policy: "bytes", Key: "tenant-1", Cost: sent, Limit: limit}
+		d, err := store.Drain(ctx, r)
+		if err == nil && d.Degraded {
+			owed += r.Cost // not recorded by the store, whatever Taken says
+		}
+		fmt.Println(d.Allowed, d.Taken, d.Degraded, err)
+	}
+	fmt.Println("owed:", owed)
+	_, err = store.Refund(ctx, sluice.Request{Policy: "bytes", Key: "tenant-1", Cost: 500, Limit: limit})
+	fmt.Println(errors.Is(err, sluice.ErrUnavailable))
+	// Output:
+	// true 0 true <nil>
+	// true 0 true <nil>
+	// owed: 65500
+	// true
 }

@@ -42,16 +42,48 @@
 // a decision, and the store is not to blame. Keep Options.Timeout below the
 // callers' deadlines.
 //
+// # The operations
+//
+// Store is a sluice.Operator: TakeAll, Drain, Refund and Reset get the
+// deadline, MaxStalled, the breaker and the caller's-deadline rules of
+// Take, and the failure mode decides for each as follows (docs/failure.md
+// has a table):
+//
+//   - TakeAll, as Take: FailOpen allows every part; FailClosed denies
+//     every part with RetryAfter the probe interval (Denied 0, the first
+//     of equal waits); FailLocal takes all or nothing from the local
+//     buckets. The MultiDecision and each part are Degraded.
+//   - Drain: FailOpen allows and FailClosed denies, both with Taken 0 —
+//     nothing was taken; FailLocal drains the local bucket. A degraded
+//     drain was not recorded by the store, whatever its Taken says: a
+//     caller that must account for every token (a charge made after the
+//     fact) keeps the cost and drains it again once the store is back.
+//   - Refund and Reset: no failure mode can give tokens back, or reset a
+//     bucket, in the store's place, so they are never degraded: the error
+//     wraps sluice.ErrUnavailable and the cause. Under FailLocal they are
+//     also made to the local bucket, so that a take the local bucket made
+//     during the outage gets its tokens back there (with a request ID: only
+//     a take the local bucket made), and a reset key is not held back by
+//     it; the caller still learns that the store's bucket is unchanged.
+//
+// A failure of any operation counts for the breaker, and any operation can
+// be its probe. The guard implements sluice.Operator whatever the store it
+// wraps; if that store does not, the operations beyond Take and Peek
+// return an error wrapping errors.ErrUnsupported, without calling it,
+// degrading or counting anything.
+//
 // # What stays an error
 //
-// Bad parameters are never degraded: Take and Peek validate them before the
-// store is called and return errors wrapping the sluice sentinels. An error
+// Bad parameters are never degraded: every operation validates them before
+// the store is called (Request.Validate, ValidatePeek, ValidateDrain,
+// ValidateRefund, sluice.ValidateAll, sluice.ValidateReset) and returns
+// errors wrapping the sluice sentinels. An error
 // the store returns that sluice.IsInvalid reports (a store may refuse more
 // limits than sluice does), or that wraps sluice.ErrTooManyKeys or
 // sluice.ErrMisconfigured (the store is reachable but not set up for
 // Sluice: a deployment mistake, not an outage), is the store's answer: it is
 // returned as it is, never degraded, and counts as a success for the
-// breaker. Every other error — sluice.ErrUnavailable, a timeout, and any
+// breaker. So is sluice.ErrUnknownRequestID, a Refund's answer. Every other error — sluice.ErrUnavailable, a timeout, and any
 // error the guard does not know — is a store failure: the failure mode
 // decides, and the breaker counts it.
 //
@@ -83,7 +115,8 @@ import (
 
 // Errors a degraded decision is caused by, besides the store's own errors.
 // They reach the caller through Hooks.Degraded and Status, never as the
-// error of Take or Peek.
+// error of Take, Peek, TakeAll or Drain; the error of a Refund or Reset the
+// store did not make wraps them (and sluice.ErrUnavailable).
 var (
 	// ErrTimeout means the store did not answer within Options.Timeout. It
 	// wraps the error the store returned at its deadline, or
@@ -100,9 +133,10 @@ var (
 	ErrStalled = errors.New("guard: too many store calls still running past their deadline")
 )
 
-// NonBlocking is implemented by a store whose Take and Peek never wait for
-// I/O, another process or a lock held across such a wait, so that they
-// return promptly whatever happens elsewhere. If NonBlocking returns true,
+// NonBlocking is implemented by a store whose methods (Take and Peek, and
+// those of sluice.Operator if it implements it) never wait for I/O,
+// another process or a lock held across such a wait, so that they return
+// promptly whatever happens elsewhere. If NonBlocking returns true,
 // the guard calls the store on the caller's goroutine and gives it the
 // caller's context as it is: there is nothing a deadline could cut short,
 // and the call costs no goroutine and no timer. The answer must not change
@@ -297,21 +331,42 @@ const (
 	OpTake Op = iota
 	// OpPeek is a Peek.
 	OpPeek
+	// OpTakeAll is a TakeAll.
+	OpTakeAll
+	// OpDrain is a Drain.
+	OpDrain
+	// OpRefund is a Refund.
+	OpRefund
+	// OpReset is a Reset.
+	OpReset
 )
 
-// String returns "take" or "peek".
+// String returns "take", "peek", "take_all", "drain", "refund" or
+// "reset", the names metrics label the operations with.
 func (o Op) String() string {
-	if o == OpPeek {
+	switch o {
+	case OpTake:
+		return "take"
+	case OpPeek:
 		return "peek"
+	case OpTakeAll:
+		return "take_all"
+	case OpDrain:
+		return "drain"
+	case OpRefund:
+		return "refund"
+	case OpReset:
+		return "reset"
 	}
-	return "take"
+	return fmt.Sprintf("Op(%d)", uint8(o))
 }
 
 // Call describes one call the guard made to the wrapped store.
 type Call struct {
 	// Op is the method called.
 	Op Op
-	// Policy is the request's policy name.
+	// Policy is the request's policy name (a multi-take's first
+	// request's).
 	Policy string
 	// Took is the time the call took, on Options.Now: until the store
 	// answered, or until the guard stopped waiting.
@@ -326,15 +381,17 @@ type Call struct {
 }
 
 // Degradation describes one decision made by the failure mode instead of
-// the store.
+// the store: of a Take, Peek, TakeAll or Drain (a Refund or Reset the store
+// did not make is an error, never a degraded decision).
 type Degradation struct {
 	// Op is the method called.
 	Op Op
-	// Policy is the request's policy name.
+	// Policy is the request's policy name (a multi-take's first
+	// request's).
 	Policy string
 	// FailureMode is the mode that decided.
 	FailureMode FailureMode
-	// Allowed is the decision's Allowed.
+	// Allowed is the decision's Allowed (a multi-take's: all of them).
 	Allowed bool
 	// Cause is why the store did not decide: the store's error, or an
 	// error wrapping ErrTimeout, ErrBreakerOpen or ErrStalled.
@@ -349,8 +406,8 @@ type Hooks struct {
 	// caller's context, when the guard has its result or stops waiting.
 	StoreCall func(ctx context.Context, c Call)
 	// Degraded is called for every degraded decision, with the caller's
-	// context, before Take or Peek returns it: the place to log the
-	// cause of a request's degraded answer.
+	// context, before Take, Peek, TakeAll or Drain returns it: the place
+	// to log the cause of a request's degraded answer.
 	Degraded func(ctx context.Context, d Degradation)
 	// BreakerChange is called on every change of the breaker's state,
 	// under the breaker's lock, so calls arrive in the order of the
@@ -359,10 +416,12 @@ type Hooks struct {
 }
 
 // Store is a sluice.Store that applies a failure mode around another
-// store. It is safe for concurrent use. Create one with New.
+// store, and a sluice.Operator whose operations work if that store is one.
+// It is safe for concurrent use. Create one with New.
 type Store struct {
 	store      sluice.Store
-	inline     bool // the store is NonBlocking: called on the caller's goroutine
+	ops        sluice.Operator // store, if it is one; else nil
+	inline     bool            // the store is NonBlocking: called on the caller's goroutine
 	mode       FailureMode
 	timeout    time.Duration
 	maxStalled int64
@@ -378,7 +437,7 @@ type Store struct {
 }
 
 var (
-	_ sluice.Store        = (*Store)(nil)
+	_ sluice.Operator     = (*Store)(nil)
 	_ sluice.LimitChecker = (*Store)(nil)
 )
 
@@ -403,6 +462,7 @@ func New(store sluice.Store, o Options) (*Store, error) {
 		hooks:      o.Hooks,
 		divisor:    o.LocalDivisor,
 	}
+	s.ops, _ = store.(sluice.Operator)
 	if nb, ok := store.(NonBlocking); ok {
 		s.inline = nb.NonBlocking()
 	}
@@ -471,7 +531,7 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	if err := r.Validate(); err != nil {
 		return sluice.Decision{}, err
 	}
-	return s.decide(ctx, OpTake, &r)
+	return s.decide(ctx, &query{op: OpTake, r: r})
 }
 
 // Peek implements sluice.Store like Take, without consuming: a degraded
@@ -481,7 +541,94 @@ func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	if err := r.ValidatePeek(); err != nil {
 		return sluice.Decision{}, err
 	}
-	return s.decide(ctx, OpPeek, &r)
+	return s.decide(ctx, &query{op: OpPeek, r: r})
+}
+
+// TakeAll implements sluice.Operator like Take: it validates rs
+// (sluice.ValidateAll), then asks the store within the deadline. If the
+// store fails, the failure mode decides and the MultiDecision and each of
+// its Parts are Degraded: FailOpen allows every part; FailClosed denies
+// every part with RetryAfter the probe interval (so Denied is 0, the first
+// of equal waits); FailLocal takes all or nothing from the local buckets
+// (each part under LocalLimit), and denies every part as FailClosed does
+// if a part's cost exceeds its local capacity or a new local bucket finds
+// no room. If the store does not implement sluice.Operator, the error wraps
+// errors.ErrUnsupported.
+func (s *Store) TakeAll(ctx context.Context, rs []sluice.Request) (sluice.MultiDecision, error) {
+	if err := sluice.ValidateAll(rs); err != nil {
+		return sluice.MultiDecision{}, err
+	}
+	if s.ops == nil {
+		return sluice.MultiDecision{}, s.unsupported(OpTakeAll)
+	}
+	q := query{op: OpTakeAll, rs: rs}
+	if _, err := s.decide(ctx, &q); err != nil {
+		return sluice.MultiDecision{}, err
+	}
+	return q.md, nil
+}
+
+// Drain implements sluice.Operator like Take: it validates r
+// (Request.ValidateDrain), then asks the store within the deadline. If the
+// store fails, the failure mode decides and the decision is Degraded:
+// FailOpen allows and FailClosed denies (RetryAfter the probe interval),
+// both with Taken 0, since nothing was taken; FailLocal drains the local
+// bucket (under LocalLimit). A degraded drain was not recorded by the
+// store, whatever its Taken (the local bucket's): a caller that must
+// account for every token keeps the cost and drains it again once the
+// store is back, knowing that a drain that timed out may have been
+// recorded anyway (its reply lost). If the store does not implement
+// sluice.Operator, the error wraps errors.ErrUnsupported.
+func (s *Store) Drain(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := r.ValidateDrain(); err != nil {
+		return sluice.Decision{}, err
+	}
+	if s.ops == nil {
+		return sluice.Decision{}, s.unsupported(OpDrain)
+	}
+	return s.decide(ctx, &query{op: OpDrain, r: r})
+}
+
+// Refund implements sluice.Operator: it validates r
+// (Request.ValidateRefund), then asks the store within the deadline. No
+// failure mode gives tokens back in the store's place: if the store fails,
+// Refund returns an error wrapping sluice.ErrUnavailable and the cause
+// (the store's error, ErrTimeout, ErrBreakerOpen or ErrStalled), never a
+// degraded decision. Under FailLocal the refund is also given to the local
+// bucket, if there is one (with a request ID, only if the local bucket
+// made that take), so that the outage's budget reflects it. If the store
+// does not implement sluice.Operator, the error wraps
+// errors.ErrUnsupported.
+func (s *Store) Refund(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	if err := r.ValidateRefund(); err != nil {
+		return sluice.Decision{}, err
+	}
+	if s.ops == nil {
+		return sluice.Decision{}, s.unsupported(OpRefund)
+	}
+	return s.decide(ctx, &query{op: OpRefund, r: r})
+}
+
+// Reset implements sluice.Operator like Refund: it validates policy and
+// key (sluice.ValidateReset), then asks the store within the deadline; if
+// the store fails, the error wraps sluice.ErrUnavailable and the cause,
+// and under FailLocal the local bucket is reset too. If the store does not
+// implement sluice.Operator, the error wraps errors.ErrUnsupported.
+func (s *Store) Reset(ctx context.Context, policy, key string) error {
+	if err := sluice.ValidateReset(policy, key); err != nil {
+		return err
+	}
+	if s.ops == nil {
+		return s.unsupported(OpReset)
+	}
+	_, err := s.decide(ctx, &query{op: OpReset, r: sluice.Request{Policy: policy, Key: key}})
+	return err
+}
+
+// unsupported is the error of an operation the wrapped store does not
+// implement.
+func (s *Store) unsupported(op Op) error {
+	return fmt.Errorf("guard: %v: the store (%T) does not implement sluice.Operator: %w", op, s.store, errors.ErrUnsupported)
 }
 
 // Status is a snapshot of the breaker and of the calls the guard
@@ -520,24 +667,24 @@ func (s *Store) LocalStats() memstore.Stats {
 	return s.local.Stats()
 }
 
-// decide asks the store for a validated request, or the failure mode.
-func (s *Store) decide(ctx context.Context, op Op, r *sluice.Request) (sluice.Decision, error) {
+// decide asks the store for a validated query, or the failure mode.
+func (s *Store) decide(ctx context.Context, q *query) (sluice.Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return sluice.Decision{}, err
 	}
 	if !s.inline {
 		if n := s.stalled.Load(); n >= s.maxStalled {
 			s.skipped.Add(1)
-			return s.degrade(ctx, op, r, fmt.Errorf("%w: %d calls running, at most %d allowed (Options.MaxStalled)", ErrStalled, n, s.maxStalled))
+			return s.degrade(ctx, q, fmt.Errorf("%w: %d calls running, at most %d allowed (Options.MaxStalled)", ErrStalled, n, s.maxStalled))
 		}
 	}
 	probe, cause := s.br.admit(s.now)
 	if cause != nil {
-		return s.degrade(ctx, op, r, cause)
+		return s.degrade(ctx, q, cause)
 	}
-	d, failed, err := s.call(ctx, op, r, probe)
+	d, failed, err := s.call(ctx, q, probe)
 	if failed {
-		return s.degrade(ctx, op, r, err)
+		return s.degrade(ctx, q, err)
 	}
 	return d, err
 }
@@ -549,22 +696,67 @@ func isAnswer(err error) bool {
 	return sluice.IsInvalid(err) || errors.Is(err, sluice.ErrTooManyKeys) || errors.Is(err, sluice.ErrMisconfigured)
 }
 
-// degrade decides r by the failure mode because of cause.
-func (s *Store) degrade(ctx context.Context, op Op, r *sluice.Request, cause error) (sluice.Decision, error) {
-	var d sluice.Decision
-	switch s.mode {
-	case FailOpen:
-		d = sluice.Decision{Allowed: true, Limit: r.Limit, Degraded: true}
-	case FailLocal:
-		var err error
-		if d, err = s.decideLocally(ctx, op, r); err != nil {
+// degrade decides q by the failure mode because of cause; a Refund or a
+// Reset fails.
+func (s *Store) degrade(ctx context.Context, q *query, cause error) (sluice.Decision, error) {
+	var (
+		d       sluice.Decision
+		allowed bool
+	)
+	switch q.op {
+	case OpRefund, OpReset:
+		return sluice.Decision{}, s.notMade(ctx, q, cause)
+	case OpTakeAll:
+		md, err := s.degradeAll(ctx, q.rs)
+		if err != nil {
 			return sluice.Decision{}, err
 		}
+		q.md, allowed = md, md.Allowed
 	default:
-		d = sluice.Decision{RetryAfter: s.probe, Limit: r.Limit, Degraded: true}
+		switch s.mode {
+		case FailOpen:
+			d = sluice.Decision{Allowed: true, Limit: q.r.Limit, Degraded: true}
+		case FailLocal:
+			var err error
+			if d, err = s.decideLocally(ctx, q.op, &q.r); err != nil {
+				return sluice.Decision{}, err
+			}
+		default:
+			d = sluice.Decision{RetryAfter: s.probe, Limit: q.r.Limit, Degraded: true}
+		}
+		allowed = d.Allowed
 	}
 	if s.hooks.Degraded != nil {
-		s.hooks.Degraded(ctx, Degradation{Op: op, Policy: r.Policy, FailureMode: s.mode, Allowed: d.Allowed, Cause: cause})
+		s.hooks.Degraded(ctx, Degradation{Op: q.op, Policy: q.policy(), FailureMode: s.mode, Allowed: allowed, Cause: cause})
 	}
 	return d, nil
+}
+
+// degradeAll decides a multi-take by the failure mode.
+func (s *Store) degradeAll(ctx context.Context, rs []sluice.Request) (sluice.MultiDecision, error) {
+	if s.mode == FailLocal {
+		return s.takeAllLocally(ctx, rs)
+	}
+	md := sluice.MultiDecision{Parts: make([]sluice.Decision, len(rs)), Degraded: true}
+	for i, r := range rs {
+		if s.mode == FailOpen {
+			md.Parts[i] = sluice.Decision{Allowed: true, Limit: r.Limit, Degraded: true}
+		} else {
+			md.Parts[i] = sluice.Decision{RetryAfter: s.probe, Limit: r.Limit, Degraded: true}
+		}
+	}
+	md.Combine()
+	return md, nil
+}
+
+// notMade is the error of a Refund or Reset the store did not make because
+// of cause; under FailLocal it is made to the local bucket first.
+func (s *Store) notMade(ctx context.Context, q *query, cause error) error {
+	if s.mode == FailLocal {
+		s.applyLocally(ctx, q)
+	}
+	if errors.Is(cause, sluice.ErrUnavailable) {
+		return fmt.Errorf("guard: %v not made by the store: %w", q.op, cause)
+	}
+	return fmt.Errorf("guard: %v not made by the store: %w: %w", q.op, sluice.ErrUnavailable, cause)
 }

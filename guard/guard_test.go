@@ -27,7 +27,7 @@ func newClock() *sluicetest.Clock {
 // returns it without deciding; while block is set, every call waits for
 // its context to end. It counts the calls that reach it.
 type flaky struct {
-	next  *memstore.Store
+	next  sluice.Store
 	calls atomic.Int64
 
 	mu    sync.Mutex
