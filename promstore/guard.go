@@ -14,7 +14,8 @@ var breakerStates = []guard.BreakerState{guard.BreakerClosed, guard.BreakerOpen,
 // guard:
 //
 //   - <ns>_store_duration_seconds{op}: histogram of the time each call
-//     to the wrapped store took, failed calls included.
+//     to the wrapped store took, failed calls included; op is "take",
+//     "peek", "take_all", "drain", "refund" or "reset" (guard.Op).
 //   - <ns>_store_errors_total{op, kind}: counter of store calls that
 //     ended in an error, by Kind: failures ("timeout", "unavailable",
 //     "script", "server", "other"), the errors a store answers with
@@ -22,7 +23,10 @@ var breakerStates = []guard.BreakerState{guard.BreakerClosed, guard.BreakerOpen,
 //     up first ("canceled", "timeout").
 //   - <ns>_degraded_total{failure_mode, reason}: counter of decisions made
 //     by the failure mode ("local", "closed", "open"), by reason:
-//     "breaker_open", "stalled", or the Kind of the store failure.
+//     "breaker_open", "stalled", or the Kind of the store failure. A
+//     multi-take counts once. A Refund or Reset the store did not make is
+//     not a decision and is not counted here: it is an error, which
+//     promstore.New counts in errors_total.
 //   - <ns>_breaker_state{state}: gauge, 1 for the breaker's current state
 //     ("closed", "open", "half-open"), 0 for the others.
 //   - <ns>_breaker_transitions_total{to}: counter of the breaker's
@@ -61,7 +65,7 @@ func GuardHooks(reg prometheus.Registerer, o Options) (guard.Hooks, error) {
 	if err := register(reg, duration, storeErrors, degraded, state, transitions); err != nil {
 		return guard.Hooks{}, err
 	}
-	var durations [2]prometheus.Observer
+	var durations [len(ops)]prometheus.Observer
 	for i, op := range ops {
 		durations[i] = duration.WithLabelValues(op.String())
 		for _, k := range []string{KindTimeout, KindUnavailable, KindScript, KindServer, KindOther} {
@@ -79,7 +83,11 @@ func GuardHooks(reg prometheus.Registerer, o Options) (guard.Hooks, error) {
 	stateGauges[guard.BreakerClosed].Set(1)
 	return guard.Hooks{
 		StoreCall: func(_ context.Context, c guard.Call) {
-			durations[c.Op].Observe(c.Took.Seconds())
+			if int(c.Op) < len(durations) {
+				durations[c.Op].Observe(c.Took.Seconds())
+			} else {
+				duration.WithLabelValues(c.Op.String()).Observe(c.Took.Seconds())
+			}
 			if c.Err != nil {
 				storeErrors.WithLabelValues(c.Op.String(), o.kind(c.Err)).Inc()
 			}

@@ -1,9 +1,12 @@
 // Package promstore records what a limiter does as Prometheus metrics, in a
 // registry the caller supplies (never the global one):
 //
-//   - New wraps any sluice.Store and counts its decisions by policy and
-//     result, replays, errors by kind, the remaining tokens as a fraction
-//     of the capacity, and the latency callers see.
+//   - New wraps any sluice.Store and counts its decisions by policy,
+//     operation (take, peek, and those of sluice.Operator: take_all,
+//     drain, refund, reset) and result, multi-takes as a whole, drained
+//     and refunded tokens by policy, replays, errors by kind, the
+//     remaining tokens as a fraction of the capacity, and the latency
+//     callers see.
 //   - GuardHooks returns the guard.Hooks that record what a guard.Store
 //     does behind that: store latency and errors by kind, degraded
 //     decisions by failure mode and reason, breaker state and transitions.
@@ -85,6 +88,7 @@ const (
 	KindServer        = "server"
 	KindBreakerOpen   = "breaker_open"
 	KindStalled       = "stalled"
+	KindUnsupported   = "unsupported"
 	KindOther         = "other"
 )
 
@@ -114,7 +118,9 @@ type Options struct {
 	// MaxPolicies bounds the policy names that get decision series of
 	// their own (New): the first MaxPolicies valid names seen; the
 	// decisions of any other name are counted under OtherPolicies. Each
-	// name costs ten series. Default DefaultMaxPolicies (64); negative is
+	// name costs ten series (take and peek), and 22 more once it is used
+	// with TakeAll, Drain, Refund or Reset (their decisions, drained and
+	// refunded tokens). Default DefaultMaxPolicies (64); negative is
 	// refused.
 	MaxPolicies int
 }
@@ -195,11 +201,13 @@ const (
 //
 //   - "invalid": bad parameters (sluice.IsInvalid: ErrInvalidPolicy,
 //     ErrInvalidKey, ErrInvalidCost, ErrInvalidLimit, ErrInvalidRequestID,
-//     ErrRequestIDConflict);
+//     ErrRequestIDConflict, ErrUnknownRequestID, ErrInvalidMulti);
 //   - "refused": sluice.ErrTooManyKeys;
 //   - "misconfigured": sluice.ErrMisconfigured (the store answered, but is
 //     not set up for Sluice: a schema never migrated, a foreign value at
 //     one of its keys);
+//   - "unsupported": errors.ErrUnsupported (an operation of
+//     sluice.Operator asked of a store that does not implement it);
 //   - "breaker_open": guard.ErrBreakerOpen (no store call was made);
 //   - "stalled": guard.ErrStalled (no store call was made: too many are
 //     still running past their deadline);
@@ -248,6 +256,8 @@ func Kind(err error) string {
 		return KindRefused
 	case errors.Is(err, sluice.ErrMisconfigured):
 		return KindMisconfigured
+	case errors.Is(err, errors.ErrUnsupported):
+		return KindUnsupported
 	case errors.Is(err, guard.ErrBreakerOpen):
 		return KindBreakerOpen
 	case errors.Is(err, guard.ErrStalled):
@@ -306,57 +316,102 @@ func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
 	return nil
 }
 
-var ops = []guard.Op{guard.OpTake, guard.OpPeek}
+// ops are the operations, in the order of their guard.Op values.
+var ops = [...]guard.Op{guard.OpTake, guard.OpPeek, guard.OpTakeAll, guard.OpDrain, guard.OpRefund, guard.OpReset}
 
-// Store is a sluice.Store that records the decisions of another store.
-// It is safe for concurrent use if the wrapped store is. Create one with
-// New.
+// Store is a sluice.Store that records the decisions of another store, and
+// a sluice.Operator whose operations work if that store is one. It is safe
+// for concurrent use if the wrapped store is. Create one with New.
 type Store struct {
 	next sluice.Store
+	ops  sluice.Operator // next, if it is one; else nil
 	o    Options
 
 	decisions *prometheus.CounterVec // policy, op, result
+	drained   *prometheus.CounterVec // policy
+	refunded  *prometheus.CounterVec // policy
 	policies  sync.Map               // policy name → *policyCounters
 	mu        sync.Mutex             // held to add a policy
 	named     int                    // policies with series of their own (mu)
 	other     atomic.Pointer[policyCounters]
 
-	errors    *prometheus.CounterVec // op, kind
-	duration  [2]prometheus.Observer // [op]
+	errors    *prometheus.CounterVec        // op, kind
+	duration  [len(ops)]prometheus.Observer // [op]
+	multi     [5]prometheus.Counter         // [result]
 	remaining prometheus.Observer
 	replays   prometheus.Counter
 }
 
-// policyCounters are the decision counters of one policy label.
-type policyCounters [2][5]prometheus.Counter // [op][result]
+// policyCounters are the counters of one policy label: those of Take and
+// Peek from its first decision, those of the other operations from its
+// first call of one of them.
+type policyCounters struct {
+	policy string
+	basic  [2][5]prometheus.Counter // [op][result] of take, peek
+	more   atomic.Pointer[opCounters]
+}
+
+// opCounters are a policy's counters of the operations beyond Take and
+// Peek.
+type opCounters struct {
+	decisions         [len(ops) - 2][5]prometheus.Counter // [op-2][result]
+	drained, refunded prometheus.Counter
+}
 
 var (
-	_ sluice.Store        = (*Store)(nil)
+	_ sluice.Operator     = (*Store)(nil)
 	_ sluice.LimitChecker = (*Store)(nil)
 	_ guard.NonBlocking   = (*Store)(nil)
 )
 
 var results = [5]string{ResultAllowed, ResultDenied, ResultDegradedAllowed, ResultDegradedDenied, ResultError}
 
+// Indexes of results.
+const (
+	resAllowed = iota
+	resDenied
+	resDegradedAllowed
+	resDegradedDenied
+	resError
+)
+
 // New registers the decision metrics with reg and returns a Store that
 // records them for every call to next:
 //
 //   - <ns>_decisions_total{policy, op, result}: counter; policy the
 //     request's policy name (or OtherPolicies, see Options.MaxPolicies),
-//     op "take" or "peek", result "allowed", "denied",
-//     "degraded_allowed", "degraded_denied" or "error".
+//     op "take", "peek", "take_all", "drain", "refund" or "reset", result
+//     "allowed", "denied", "degraded_allowed", "degraded_denied" or
+//     "error". A TakeAll counts once per request, under its policy, by
+//     whether its bucket covered its cost (Parts[i].Allowed: "allowed"
+//     even when another bucket denied the whole); a Drain is "allowed" if
+//     all of its cost was there; a Refund or Reset that was made is
+//     "allowed".
+//   - <ns>_take_all_decisions_total{result}: counter of TakeAll calls by
+//     the result of the whole.
+//   - <ns>_drained_tokens_total{policy}: counter of the tokens drains took
+//     (Decision.Taken), degraded decisions included (FailLocal's come from
+//     the local bucket; FailOpen's and FailClosed's take none).
+//   - <ns>_refunded_tokens_total{policy}: counter of the tokens refunds
+//     gave back (minus Decision.Taken).
 //   - <ns>_errors_total{op, kind}: counter of errors returned to the
 //     caller, by Kind.
 //   - <ns>_decision_duration_seconds{op}: histogram of the time a call
 //     took, as the caller saw it.
 //   - <ns>_remaining_ratio: histogram of Remaining / Capacity after each
-//     take decided by the store (not degraded, not an error).
-//   - <ns>_replays_total: counter of replayed decisions (request IDs).
+//     take, each part of a multi-take and each drain decided by the store
+//     (not degraded, not an error).
+//   - <ns>_replays_total: counter of replayed decisions (request IDs of
+//     takes and refunds).
 //
-// The series of a policy appear with its first decision. It returns an
-// error, and registers nothing, if next or reg is nil or an option is out
-// of range (errors wrapping sluice.ErrInvalidOption), or if reg refuses a
-// collector (the same names and labels registered twice).
+// The take and peek series of a policy appear with its first decision;
+// those of the other operations, and its token counters, with its first
+// call of one of them. It returns an error, and registers nothing, if next
+// or reg is nil or an option is out of range (errors wrapping
+// sluice.ErrInvalidOption), or if reg refuses a collector (the same names
+// and labels registered twice). If next does not implement
+// sluice.Operator, the Store's operations beyond Take and Peek return an
+// error wrapping errors.ErrUnsupported (counted, of kind "unsupported").
 func New(next sluice.Store, reg prometheus.Registerer, o Options) (*Store, error) {
 	if next == nil {
 		return nil, fmt.Errorf("%w: promstore: the store is nil", sluice.ErrInvalidOption)
@@ -366,35 +421,54 @@ func New(next sluice.Store, reg prometheus.Registerer, o Options) (*Store, error
 	}
 	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: o.Namespace, Name: "decisions_total", ConstLabels: o.ConstLabels,
-		Help: "Decisions by policy, operation (take, peek) and result (allowed, denied, degraded_allowed, degraded_denied, error).",
+		Help: "Decisions by policy, operation (take, peek, take_all, drain, refund, reset) and result (allowed, denied, degraded_allowed, degraded_denied, error); a multi-take counts once per bucket.",
 	}, []string{"policy", "op", "result"})
+	multi := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: o.Namespace, Name: "take_all_decisions_total", ConstLabels: o.ConstLabels,
+		Help: "Multi-takes (TakeAll) by result (allowed, denied, degraded_allowed, degraded_denied, error), once per call.",
+	}, []string{"result"})
+	drained := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: o.Namespace, Name: "drained_tokens_total", ConstLabels: o.ConstLabels,
+		Help: "Tokens taken by drains, by policy (Decision.Taken).",
+	}, []string{"policy"})
+	refunded := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: o.Namespace, Name: "refunded_tokens_total", ConstLabels: o.ConstLabels,
+		Help: "Tokens given back by refunds, by policy (minus Decision.Taken).",
+	}, []string{"policy"})
 	errs := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: o.Namespace, Name: "errors_total", ConstLabels: o.ConstLabels,
-		Help: "Errors returned to callers, by operation and kind (invalid, refused, misconfigured, canceled, timeout, unavailable, script, server, other).",
+		Help: "Errors returned to callers, by operation and kind (invalid, refused, misconfigured, unsupported, canceled, timeout, unavailable, script, server, other).",
 	}, []string{"op", "kind"})
 	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: o.Namespace, Name: "decision_duration_seconds", ConstLabels: o.ConstLabels,
-		Help:    "Time a Take or Peek took, as the caller saw it, in seconds.",
+		Help:    "Time a call took, as the caller saw it, by operation, in seconds.",
 		Buckets: o.DurationBuckets,
 	}, []string{"op"})
 	remaining := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: o.Namespace, Name: "remaining_ratio", ConstLabels: o.ConstLabels,
-		Help:    "Tokens remaining after a take decided by the store, as a fraction of the capacity.",
+		Help:    "Tokens remaining after a take, a multi-take's bucket or a drain decided by the store, as a fraction of the capacity.",
 		Buckets: o.RemainingBuckets,
 	})
 	replays := prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: o.Namespace, Name: "replays_total", ConstLabels: o.ConstLabels,
-		Help: "Decisions replayed for a repeated request ID; they consumed nothing.",
+		Help: "Decisions replayed for a repeated request ID (takes and refunds); they consumed or gave back nothing.",
 	})
-	if err := register(reg, decisions, errs, duration, remaining, replays); err != nil {
+	if err := register(reg, decisions, multi, drained, refunded, errs, duration, remaining, replays); err != nil {
 		return nil, err
 	}
-	s := &Store{next: next, o: o, decisions: decisions, errors: errs, remaining: remaining, replays: replays}
+	s := &Store{next: next, o: o, decisions: decisions, drained: drained, refunded: refunded, errors: errs, remaining: remaining, replays: replays}
+	s.ops, _ = next.(sluice.Operator)
+	for i, res := range results {
+		s.multi[i] = multi.WithLabelValues(res)
+	}
 	for i, op := range ops {
 		s.duration[i] = duration.WithLabelValues(op.String())
 		for _, k := range []string{KindInvalid, KindRefused, KindMisconfigured, KindCanceled, KindTimeout, KindUnavailable, KindScript, KindServer, KindOther} {
 			errs.WithLabelValues(op.String(), k) // exported at zero from the start
 		}
+	}
+	for _, op := range ops[2:] {
+		errs.WithLabelValues(op.String(), KindUnsupported)
 	}
 	return s, nil
 }
@@ -435,15 +509,41 @@ func (s *Store) otherCounters() *policyCounters {
 	return c
 }
 
-// newCounters creates the series of one policy label.
+// newCounters creates the take and peek series of one policy label.
 func (s *Store) newCounters(policy string) *policyCounters {
-	c := new(policyCounters)
-	for i, op := range ops {
+	c := &policyCounters{policy: policy}
+	for i, op := range ops[:2] {
 		for j, res := range results {
-			c[i][j] = s.decisions.WithLabelValues(policy, op.String(), res)
+			c.basic[i][j] = s.decisions.WithLabelValues(policy, op.String(), res)
 		}
 	}
 	return c
+}
+
+// moreCounters returns the counters of c's policy for the operations
+// beyond Take and Peek, created on first use.
+func (s *Store) moreCounters(c *policyCounters) *opCounters {
+	if m := c.more.Load(); m != nil {
+		return m
+	}
+	m := &opCounters{drained: s.drained.WithLabelValues(c.policy), refunded: s.refunded.WithLabelValues(c.policy)}
+	for i, op := range ops[2:] {
+		for j, res := range results {
+			m.decisions[i][j] = s.decisions.WithLabelValues(c.policy, op.String(), res)
+		}
+	}
+	if !c.more.CompareAndSwap(nil, m) {
+		return c.more.Load()
+	}
+	return m
+}
+
+// decision returns the counter of op and result res of c's policy.
+func (s *Store) decision(c *policyCounters, op guard.Op, res int) prometheus.Counter {
+	if op <= guard.OpPeek {
+		return c.basic[op][res]
+	}
+	return s.moreCounters(c).decisions[op-2][res]
 }
 
 // CheckLimit implements sluice.LimitChecker by asking the wrapped store
@@ -464,9 +564,7 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	start := time.Now()
 	d, err := s.next.Take(ctx, r)
 	s.record(guard.OpTake, r.Policy, time.Since(start), d, err)
-	if err == nil && !d.Degraded && d.Limit.Capacity > 0 {
-		s.remaining.Observe(float64(d.Remaining) / float64(d.Limit.Capacity))
-	}
+	s.observeRemaining(d, err)
 	return d, err
 }
 
@@ -479,22 +577,131 @@ func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	return d, err
 }
 
-func (s *Store) record(op guard.Op, policy string, took time.Duration, d sluice.Decision, err error) {
-	s.duration[op].Observe(took.Seconds())
-	res := 0 // allowed
+// TakeAll implements sluice.Operator: it calls the wrapped store and
+// records the call once as a whole and once per request.
+func (s *Store) TakeAll(ctx context.Context, rs []sluice.Request) (sluice.MultiDecision, error) {
+	start := time.Now()
+	var (
+		md  sluice.MultiDecision
+		err error
+	)
+	if s.ops == nil {
+		err = s.unsupported(guard.OpTakeAll)
+	} else {
+		md, err = s.ops.TakeAll(ctx, rs)
+	}
+	s.duration[guard.OpTakeAll].Observe(time.Since(start).Seconds())
+	s.multi[result(md.Allowed, md.Degraded, err)].Inc()
+	if err != nil {
+		s.errors.WithLabelValues(guard.OpTakeAll.String(), s.o.kind(err)).Inc()
+	}
+	for i := range rs {
+		var d sluice.Decision
+		if err == nil && i < len(md.Parts) {
+			d = md.Parts[i]
+			d.Degraded = d.Degraded || md.Degraded
+		}
+		s.decision(s.counters(rs[i].Policy), guard.OpTakeAll, result(d.Allowed, d.Degraded, err)).Inc()
+		s.observeRemaining(d, err)
+	}
+	return md, err
+}
+
+// Drain implements sluice.Operator: it calls the wrapped store and records
+// the call and the tokens taken.
+func (s *Store) Drain(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	start := time.Now()
+	var (
+		d   sluice.Decision
+		err error
+	)
+	if s.ops == nil {
+		err = s.unsupported(guard.OpDrain)
+	} else {
+		d, err = s.ops.Drain(ctx, r)
+	}
+	c := s.record(guard.OpDrain, r.Policy, time.Since(start), d, err)
+	if err == nil && d.Taken > 0 {
+		s.moreCounters(c).drained.Add(float64(d.Taken))
+	}
+	s.observeRemaining(d, err)
+	return d, err
+}
+
+// Refund implements sluice.Operator: it calls the wrapped store and
+// records the call and the tokens given back.
+func (s *Store) Refund(ctx context.Context, r sluice.Request) (sluice.Decision, error) {
+	start := time.Now()
+	var (
+		d   sluice.Decision
+		err error
+	)
+	if s.ops == nil {
+		err = s.unsupported(guard.OpRefund)
+	} else {
+		d, err = s.ops.Refund(ctx, r)
+	}
+	c := s.record(guard.OpRefund, r.Policy, time.Since(start), d, err)
+	if err == nil && d.Taken < 0 {
+		s.moreCounters(c).refunded.Add(float64(-d.Taken))
+	}
+	return d, err
+}
+
+// Reset implements sluice.Operator: it calls the wrapped store and records
+// the call, as "allowed" if the reset was made.
+func (s *Store) Reset(ctx context.Context, policy, key string) error {
+	start := time.Now()
+	var err error
+	if s.ops == nil {
+		err = s.unsupported(guard.OpReset)
+	} else {
+		err = s.ops.Reset(ctx, policy, key)
+	}
+	s.record(guard.OpReset, policy, time.Since(start), sluice.Decision{Allowed: true}, err)
+	return err
+}
+
+// unsupported is the error of an operation the wrapped store does not
+// implement.
+func (s *Store) unsupported(op guard.Op) error {
+	return fmt.Errorf("promstore: %v: the store (%T) does not implement sluice.Operator: %w", op, s.next, errors.ErrUnsupported)
+}
+
+// result returns the index in results of a decision or an error.
+func result(allowed, degraded bool, err error) int {
 	switch {
 	case err != nil:
-		res = 4
-		s.errors.WithLabelValues(op.String(), s.o.kind(err)).Inc()
-	case d.Degraded && d.Allowed:
-		res = 2
-	case d.Degraded:
-		res = 3
-	case !d.Allowed:
-		res = 1
+		return resError
+	case degraded && allowed:
+		return resDegradedAllowed
+	case degraded:
+		return resDegradedDenied
+	case !allowed:
+		return resDenied
 	}
-	s.counters(policy)[op][res].Inc()
+	return resAllowed
+}
+
+// record records one call of op on policy, and returns the policy's
+// counters.
+func (s *Store) record(op guard.Op, policy string, took time.Duration, d sluice.Decision, err error) *policyCounters {
+	s.duration[op].Observe(took.Seconds())
+	if err != nil {
+		s.errors.WithLabelValues(op.String(), s.o.kind(err)).Inc()
+	}
+	c := s.counters(policy)
+	s.decision(c, op, result(d.Allowed, d.Degraded, err)).Inc()
 	if err == nil && d.Replayed {
 		s.replays.Inc()
+	}
+	return c
+}
+
+// observeRemaining records the remaining fraction of a decision that took
+// tokens, if the store made it.
+func (s *Store) observeRemaining(d sluice.Decision, err error) {
+	if err == nil && !d.Degraded && d.Limit.Capacity > 0 {
+		s.remaining.Observe(float64(d.Remaining) / float64(d.Limit.Capacity))
 	}
 }

@@ -138,7 +138,7 @@ func TestDecisions(t *testing.T) {
 	s2.Take(ctx, sluice.Request{Policy: "api", Key: "c", Cost: 1, Limit: limit}) // degraded denied
 
 	err = testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP sluice_decisions_total Decisions by policy, operation (take, peek) and result (allowed, denied, degraded_allowed, degraded_denied, error).
+# HELP sluice_decisions_total Decisions by policy, operation (take, peek, take_all, drain, refund, reset) and result (allowed, denied, degraded_allowed, degraded_denied, error); a multi-take counts once per bucket.
 # TYPE sluice_decisions_total counter
 sluice_decisions_total{limiter="open",op="peek",policy="api",result="allowed"} 1
 sluice_decisions_total{limiter="open",op="peek",policy="api",result="degraded_allowed"} 1
@@ -180,7 +180,7 @@ sluice_decisions_total{limiter="closed",op="take",policy="api",result="degraded_
 sluice_decisions_total{limiter="closed",op="take",policy="api",result="degraded_denied"} 1
 sluice_decisions_total{limiter="closed",op="take",policy="api",result="denied"} 0
 sluice_decisions_total{limiter="closed",op="take",policy="api",result="error"} 0
-# HELP sluice_replays_total Decisions replayed for a repeated request ID; they consumed nothing.
+# HELP sluice_replays_total Decisions replayed for a repeated request ID (takes and refunds); they consumed or gave back nothing.
 # TYPE sluice_replays_total counter
 sluice_replays_total{limiter="closed"} 0
 sluice_replays_total{limiter="open"} 1
@@ -377,7 +377,7 @@ func TestRemaining(t *testing.T) {
 	sw.set(errors.New("down"))
 	s.Take(t.Context(), sluice.Request{Policy: "test", Key: "k", Cost: 1, Limit: limit}) // degraded: not observed
 	err = testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP sluice_remaining_ratio Tokens remaining after a take decided by the store, as a fraction of the capacity.
+# HELP sluice_remaining_ratio Tokens remaining after a take, a multi-take's bucket or a drain decided by the store, as a fraction of the capacity.
 # TYPE sluice_remaining_ratio histogram
 sluice_remaining_ratio_bucket{le="0"} 2
 sluice_remaining_ratio_bucket{le="0.05"} 2
@@ -436,16 +436,36 @@ sluice_degraded_total{failure_mode="closed",reason="breaker_open"} 1
 sluice_degraded_total{failure_mode="closed",reason="unavailable"} 3
 # HELP sluice_store_errors_total Calls to the guarded store that ended in an error, by operation and kind (timeout, unavailable, script, server, other; invalid, refused, misconfigured; canceled).
 # TYPE sluice_store_errors_total counter
+sluice_store_errors_total{kind="other",op="drain"} 0
 sluice_store_errors_total{kind="other",op="peek"} 0
+sluice_store_errors_total{kind="other",op="refund"} 0
+sluice_store_errors_total{kind="other",op="reset"} 0
 sluice_store_errors_total{kind="other",op="take"} 0
+sluice_store_errors_total{kind="other",op="take_all"} 0
+sluice_store_errors_total{kind="script",op="drain"} 0
 sluice_store_errors_total{kind="script",op="peek"} 0
+sluice_store_errors_total{kind="script",op="refund"} 0
+sluice_store_errors_total{kind="script",op="reset"} 0
 sluice_store_errors_total{kind="script",op="take"} 0
+sluice_store_errors_total{kind="script",op="take_all"} 0
+sluice_store_errors_total{kind="server",op="drain"} 0
 sluice_store_errors_total{kind="server",op="peek"} 0
+sluice_store_errors_total{kind="server",op="refund"} 0
+sluice_store_errors_total{kind="server",op="reset"} 0
 sluice_store_errors_total{kind="server",op="take"} 0
+sluice_store_errors_total{kind="server",op="take_all"} 0
+sluice_store_errors_total{kind="timeout",op="drain"} 0
 sluice_store_errors_total{kind="timeout",op="peek"} 0
+sluice_store_errors_total{kind="timeout",op="refund"} 0
+sluice_store_errors_total{kind="timeout",op="reset"} 0
 sluice_store_errors_total{kind="timeout",op="take"} 0
+sluice_store_errors_total{kind="timeout",op="take_all"} 0
+sluice_store_errors_total{kind="unavailable",op="drain"} 0
 sluice_store_errors_total{kind="unavailable",op="peek"} 0
+sluice_store_errors_total{kind="unavailable",op="refund"} 0
+sluice_store_errors_total{kind="unavailable",op="reset"} 0
 sluice_store_errors_total{kind="unavailable",op="take"} 3
+sluice_store_errors_total{kind="unavailable",op="take_all"} 0
 `), "sluice_breaker_state", "sluice_breaker_transitions_total", "sluice_degraded_total", "sluice_store_errors_total")
 	if err != nil {
 		t.Error(err)

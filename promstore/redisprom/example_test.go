@@ -34,5 +34,7 @@ func Example() {
 	}
 	// Output:
 	// sluice_redisstore_conversions_total 0
+	// sluice_redisstore_cross_slot_takes_total 0
+	// sluice_redisstore_lost_refunds_total 0
 	// sluice_redisstore_script_loads_total 0
 }

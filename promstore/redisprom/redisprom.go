@@ -35,6 +35,19 @@ import (
 //     converted it. A steady rate with no config change means processes
 //     disagree on a policy's limit, and each converts the others' buckets.
 //
+//   - <ns>_redisstore_cross_slot_takes_total: counter of the multi-takes
+//     (TakeAll) whose buckets lay in several Redis Cluster slots (on a
+//     Ring, under several keys), decided slot by slot, one round trip
+//     each, taking and giving back if a later slot denied. Always 0 on a
+//     standalone server. A high rate is a latency cost: keep the buckets
+//     of one call under one key (every policy of a key shares its slot).
+//
+//   - <ns>_redisstore_lost_refunds_total: counter of those multi-takes
+//     that a later slot denied (or failed in) and whose giving back of
+//     what the earlier slots took could not be sent: those tokens stay
+//     taken, as if used, until the buckets refill. Any increase deserves
+//     a look (Redis failing between the slots of one call).
+//
 // <ns> is o.Namespace (default promstore.DefaultNamespace, "sluice"), and
 // o.ConstLabels are added to the metric; the other fields of o are not
 // used. One load per server after a deploy, a restart or a failover is
@@ -64,24 +77,33 @@ func Register(reg prometheus.Registerer, o promstore.Options, stats func() redis
 		conversions: prometheus.NewDesc(prometheus.BuildFQName(ns, "redisstore", "conversions_total"),
 			"Takes that converted a bucket stored under another limit of the same policy; a steady rate means processes disagree on a limit.",
 			nil, o.ConstLabels),
+		crossSlot: prometheus.NewDesc(prometheus.BuildFQName(ns, "redisstore", "cross_slot_takes_total"),
+			"Multi-takes whose buckets lay in several Redis Cluster slots, decided slot by slot with one round trip each.",
+			nil, o.ConstLabels),
+		lostRefunds: prometheus.NewDesc(prometheus.BuildFQName(ns, "redisstore", "lost_refunds_total"),
+			"Cross-slot multi-takes denied by a later slot whose giving back of the earlier slots' tokens could not be sent; those tokens stay taken.",
+			nil, o.ConstLabels),
 	})
 }
 
 // collector exports redisstore.Stats as constant metrics, read at scrape
 // time.
 type collector struct {
-	stats       func() redisstore.Stats
-	loads       *prometheus.Desc
-	conversions *prometheus.Desc
+	stats                                      func() redisstore.Stats
+	loads, conversions, crossSlot, lostRefunds *prometheus.Desc
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.loads
 	ch <- c.conversions
+	ch <- c.crossSlot
+	ch <- c.lostRefunds
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	st := c.stats()
 	ch <- prometheus.MustNewConstMetric(c.loads, prometheus.CounterValue, float64(st.ScriptLoads))
 	ch <- prometheus.MustNewConstMetric(c.conversions, prometheus.CounterValue, float64(st.Conversions))
+	ch <- prometheus.MustNewConstMetric(c.crossSlot, prometheus.CounterValue, float64(st.CrossSlotTakes))
+	ch <- prometheus.MustNewConstMetric(c.lostRefunds, prometheus.CounterValue, float64(st.LostRefunds))
 }
