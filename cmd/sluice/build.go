@@ -54,7 +54,13 @@ func build(ctx context.Context, cfg config.Config, reg prometheus.Registerer, lo
 		return nil, err
 	}
 	rt.raw, rt.ping = raw, ping
-	g, err := guard.New(raw, guardOptions(cfg.Guard, log))
+	// The guard's own metrics: store latency and errors by kind, degraded
+	// decisions by reason, the breaker's state and changes.
+	hooks, err := promstore.GuardHooks(reg, promstore.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	g, err := guard.New(raw, guardOptions(cfg.Guard, log, hooks))
 	if err != nil {
 		return nil, fmt.Errorf("guard: %w", err)
 	}
@@ -282,6 +288,11 @@ var readinessProbe = sluice.Request{
 
 // redisClient returns the go-redis client of r, configured so that every
 // call keeps the caller's deadline and nothing is retried behind its back.
+// A dial is tried once: with go-redis's default of five tries 100ms apart,
+// a call while Redis refuses connections failed only after 400ms or at the
+// guard's deadline (most did, under load), so each probe of the breaker
+// held that long and counted as a timeout, and recovery could wait for the
+// probe after it.
 func redisClient(r config.RedisStore) (redis.UniversalClient, error) {
 	password := ""
 	if r.PasswordEnv != "" {
@@ -306,25 +317,26 @@ func redisClient(r config.RedisStore) (redis.UniversalClient, error) {
 		if tlsConfig != nil && o.TLSConfig == nil {
 			o.TLSConfig = tlsConfig
 		}
-		o.ContextTimeoutEnabled, o.MaxRetries = true, -1
+		o.ContextTimeoutEnabled, o.MaxRetries, o.DialerRetries = true, -1, 1
 		return redis.NewClient(o), nil
 	case len(r.Cluster) > 0:
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: r.Cluster, Username: r.Username, Password: password, TLSConfig: tlsConfig,
-			ContextTimeoutEnabled: true, MaxRetries: -1,
+			ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
 		}), nil
 	default:
 		return redis.NewFailoverClient(&redis.FailoverOptions{
 			MasterName: r.Sentinel.Master, SentinelAddrs: r.Sentinel.Addrs,
 			Username: r.Username, Password: password, TLSConfig: tlsConfig,
-			ContextTimeoutEnabled: true, MaxRetries: -1,
+			ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
 		}), nil
 	}
 }
 
 // guardOptions maps the config's guard section onto guard.Options: a
 // breaker trigger of 0 in the config turns it off, which guard spells -1.
-func guardOptions(g config.Guard, log *slog.Logger) guard.Options {
+// The guard calls metrics, and logs each change of the breaker.
+func guardOptions(g config.Guard, log *slog.Logger, metrics guard.Hooks) guard.Options {
 	mode := guard.FailLocal
 	switch g.FailureMode {
 	case config.FailClosed:
@@ -351,7 +363,10 @@ func guardOptions(g config.Guard, log *slog.Logger) guard.Options {
 		// One line per change of the breaker, not per degraded decision:
 		// an outage must not flood the log (the metrics count each one).
 		Hooks: guard.Hooks{
+			StoreCall: metrics.StoreCall,
+			Degraded:  metrics.Degraded,
 			BreakerChange: func(from, to guard.BreakerState) {
+				metrics.BreakerChange(from, to)
 				log.Warn("store circuit breaker", "from", from.String(), "to", to.String(), "failure_mode", mode.String())
 			},
 		},
