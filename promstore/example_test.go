@@ -73,3 +73,40 @@ func printNonZero(reg *prometheus.Registry, names ...string) {
 		}
 	}
 }
+
+// A multi-take counts once per bucket under its policy, by whether that
+// bucket covered its cost, and once as a whole; drains count the tokens
+// they took.
+func Example_operations() {
+	reg := prometheus.NewRegistry()
+	now := time.Now()
+	mem, err := memstore.New(memstore.Options{Now: func() time.Time { return now }}) // a clock that stands still
+	if err != nil {
+		panic(err)
+	}
+	defer mem.Close()
+	store, err := promstore.New(mem, reg, promstore.Options{})
+	if err != nil {
+		panic(err)
+	}
+
+	ctx := context.Background()
+	burst := sluice.Limit{Capacity: 2, Rate: sluice.Per(1, time.Second)}
+	daily := sluice.Limit{Capacity: 1000, Rate: sluice.Per(1000, 24*time.Hour)}
+	for range 3 { // the third: the burst is short, the daily quota is not
+		store.TakeAll(ctx, []sluice.Request{
+			{Policy: "burst", Key: "user-1", Cost: 1, Limit: burst},
+			{Policy: "daily", Key: "user-1", Cost: 1, Limit: daily},
+		})
+	}
+	store.Drain(ctx, sluice.Request{Policy: "daily", Key: "user-1", Cost: 1500, Limit: daily}) // 998 were there
+	printNonZero(reg, "sluice_decisions_total", "sluice_take_all_decisions_total", "sluice_drained_tokens_total")
+	// Output:
+	// sluice_decisions_total{op="drain",policy="daily",result="denied"} 1
+	// sluice_decisions_total{op="take_all",policy="burst",result="allowed"} 2
+	// sluice_decisions_total{op="take_all",policy="burst",result="denied"} 1
+	// sluice_decisions_total{op="take_all",policy="daily",result="allowed"} 3
+	// sluice_drained_tokens_total{policy="daily"} 998
+	// sluice_take_all_decisions_total{result="allowed"} 2
+	// sluice_take_all_decisions_total{result="denied"} 1
+}
