@@ -387,7 +387,7 @@ func (in *Interceptor) admit(ctx context.Context, method string) (metadata.MD, e
 		st, _ := status.New(in.degradedCode, "rate limiter degraded: the call cannot be admitted now").WithDetails(details...)
 		return md, st.Err()
 	}
-	// Waiting cannot help: -1 tells gRPC's retry policy not to retry.
+	// The wait, or -1 (do not retry at all) when waiting cannot help.
 	md[MetadataRetryPushback] = []string{pushback(d.RetryAfter)}
 	qf := &errdetails.QuotaFailure{}
 	for i, p := range d.Parts {
