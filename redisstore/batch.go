@@ -139,35 +139,54 @@ func (b *batcher) sendNext() (more bool) {
 // A shared is one script call of a pipeline: one caller's command, or the
 // takes of several callers under one limit at one time, sent as one
 // "takes" call (see bucket.lua) that reads, checks and writes each bucket
-// once: takes of one bucket, or with anyKey takes of any buckets.
+// once: takes of one bucket, or with anyKey takes of any buckets; or the
+// multi-takes of several callers under the same limits at one time, sent
+// as one "alls" call: of the same buckets, or with anyKey of any.
 type shared struct {
 	cmd     decisionCmd
 	members []*pending
+	parts   int               // the parts of each multi-take; 0 for takes
+	specs   map[string]string // the spec of each bucket of the multi-takes
 }
 
 // group makes the script calls for batch, in queue order: takes that
-// shareID finds alike share a call, in the order they were queued.
+// shareID finds alike share a call, in the order they were queued, and so
+// do multi-takes that multiID finds alike, as long as each bucket is under
+// one spec in all of them.
 func group(batch []*pending, anyKey bool) []*shared {
 	var (
-		out  []*shared
-		byID map[string]*shared
+		out           []*shared
+		takes, multis map[string]*shared
 	)
 	for _, p := range batch {
-		id, ok := shareID(p.cmd.Args(), anyKey)
-		if ok {
-			if g := byID[id]; g != nil {
+		args := p.cmd.Args()
+		if id, ok := shareID(args, anyKey); ok {
+			if g := takes[id]; g != nil {
 				g.members = append(g.members, p)
 				continue
 			}
-		}
-		g := &shared{cmd: p.cmd, members: []*pending{p}}
-		if ok {
-			if byID == nil {
-				byID = make(map[string]*shared)
+			g := &shared{cmd: p.cmd, members: []*pending{p}}
+			if takes == nil {
+				takes = make(map[string]*shared)
 			}
-			byID[id] = g
+			takes[id] = g
+			out = append(out, g)
+			continue
 		}
-		out = append(out, g)
+		if id, k, ok := multiID(args, anyKey); ok {
+			if g := multis[id]; g != nil && g.join(p, k) {
+				continue
+			}
+			g := &shared{cmd: p.cmd, parts: k, specs: make(map[string]string, k)}
+			g.join(p, k)
+			if multis == nil {
+				multis = make(map[string]*shared)
+			}
+			multis[id] = g
+			out = append(out, g)
+			continue
+		}
+		out = append(out, &shared{cmd: p.cmd, members: []*pending{p}})
 	}
 	for _, g := range out {
 		if len(g.members) > 1 {
@@ -175,32 +194,63 @@ func group(batch []*pending, anyKey bool) []*shared {
 			for i, p := range g.members {
 				args[i] = p.cmd.Args()
 			}
-			g.cmd = decisionCmd{redis.NewCmd(context.Background(), sharedArgs(args)...)}
+			var a []any
+			if g.parts > 0 {
+				a = sharedMultiArgs(args, g.parts)
+			} else {
+				a = sharedArgs(args)
+			}
+			g.cmd = decisionCmd{redis.NewCmd(context.Background(), a...)}
 		}
 	}
 	return out
 }
 
+// join adds p, a multi-take of k parts, to g unless one of its buckets is
+// in g under another spec (another part of the multi-takes already in g),
+// and reports whether it did.
+func (g *shared) join(p *pending, k int) bool {
+	args := p.cmd.Args()
+	for i := range k {
+		key, spec := args[argKeys+i].(string), args[argKeys+k+2+2*i].(string)
+		if s, ok := g.specs[key]; ok && s != spec {
+			return false
+		}
+	}
+	for i := range k {
+		g.specs[args[argKeys+i].(string)] = args[argKeys+k+2+2*i].(string)
+	}
+	g.members = append(g.members, p)
+	return true
+}
+
 // settle gives each member of a shared call its decision: its five values
-// of the reply, the error of its own bucket (a "foreign" entry: that bucket
-// holds a value Sluice did not write, and the others were decided), or the
-// call's error.
+// of the reply (for a multi-take, five per part), the error of its own
+// bucket (a "foreign" entry: that bucket holds a value Sluice did not
+// write, and the others were decided), or the call's error.
 func (g *shared) settle() {
 	if len(g.members) == 1 {
 		return // the member's own command ran
 	}
+	per := replyLen * max(1, g.parts)
 	reply, err := g.cmd.Slice()
-	if err == nil && len(reply) != replyLen*len(g.members) {
-		err = scriptErrorf("reply of %d values to %d takes", len(reply), len(g.members))
+	if err == nil && len(reply) != per*len(g.members) {
+		err = scriptErrorf("reply of %d values to %d decisions of %d values", len(reply), len(g.members), per)
 	}
 	for i, p := range g.members {
 		if err != nil {
 			p.cmd.SetErr(err)
 			continue
 		}
-		one := reply[replyLen*i : replyLen*i+replyLen]
-		if one[0] == kindForeign {
-			p.cmd.SetErr(scriptErrorf("%v", one[1]))
+		one := reply[per*i : per*(i+1)]
+		var foreign error
+		for j := 0; j < per && foreign == nil; j += replyLen {
+			if one[j] == kindForeign {
+				foreign = scriptErrorf("%v", one[j+1])
+			}
+		}
+		if foreign != nil {
+			p.cmd.SetErr(foreign)
 			continue
 		}
 		p.cmd.SetVal(one)
@@ -240,6 +290,60 @@ func shareID(args []any, anyKey bool) (string, bool) {
 		b = append(b, 0)
 	}
 	return string(b), true
+}
+
+// multiID returns, for a multi-take ("all") sent by EVALSHA, what
+// identifies the multi-takes that may share one script call with it: its
+// number of parts k, the time argument and the specs of its parts in
+// order, and, unless anyKey, its buckets. Other commands share nothing.
+func multiID(args []any, anyKey bool) (id string, k int, ok bool) {
+	if len(args) <= argKeys || args[0] != "evalsha" {
+		return "", 0, false
+	}
+	k, ok = args[2].(int)
+	if !ok || k < 1 || len(args) != argKeys+3*k+2 || args[argKeys+k] != "all" {
+		return "", 0, false
+	}
+	b := strconv.AppendInt(make([]byte, 0, 128), int64(k), 10)
+	b = fmt.Append(append(b, 0), args[argKeys+k+1])
+	for i := range k {
+		spec, ok := args[argKeys+k+2+2*i].(string)
+		if !ok {
+			return "", 0, false
+		}
+		b = append(append(b, 0), spec...)
+		if !anyKey {
+			key, ok := args[argKeys+i].(string)
+			if !ok {
+				return "", 0, false
+			}
+			b = append(append(b, 0), key...)
+		}
+	}
+	return string(b), k, true
+}
+
+// sharedMultiArgs returns the arguments of one "alls" script call for the
+// multi-takes of args, each of k parts, that multiID accepted with the
+// same identity: their buckets in order, the time, the k specs, their
+// costs in order.
+func sharedMultiArgs(args [][]any, k int) []any {
+	first := args[0]
+	out := make([]any, 0, argKeys+2*k*len(args)+2+k)
+	out = append(out, first[0], first[1], k*len(args))
+	for _, a := range args {
+		out = append(out, a[argKeys:argKeys+k]...)
+	}
+	out = append(out, "alls", first[argKeys+k+1])
+	for i := range k {
+		out = append(out, first[argKeys+k+2+2*i])
+	}
+	for _, a := range args {
+		for i := range k {
+			out = append(out, a[argKeys+k+3+2*i])
+		}
+	}
+	return out
 }
 
 // sharedArgs returns the arguments of one "takes" script call for the

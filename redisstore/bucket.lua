@@ -16,6 +16,9 @@
 --                        nothing
 --            "all"       a multi-take: each part's cost from its bucket if
 --                        every bucket covers its own, from none otherwise
+--            "alls"      several multi-takes under the same specs at one
+--                        time, decided one after another as separate calls
+--                        back to back would be
 --            "deny"      a multi-take's parts decided, nothing taken (the
 --                        parts in the Cluster slots after the one that
 --                        denied)
@@ -53,6 +56,9 @@
 --          For "all", "deny" and "giveback": ARGV[1 + 2i] is the spec and
 --          ARGV[2 + 2i] the cost of the i-th part (so ARGV[3] and ARGV[4]
 --          are the first part's), each part under a limit of its own.
+--          For "alls" of m multi-takes of k parts: KEYS[k(q - 1) + i] is
+--          the bucket of part i of the q-th, ARGV[2 + i] the spec of part i
+--          (the same for all), ARGV[2 + k + k(q - 1) + i] its cost.
 --
 -- Numbers are Lua doubles, exact only below 2^53. The spec's numbers are
 -- integers by their encoding and must be in range; every text argument
@@ -110,7 +116,8 @@
 --                {0} if the bucket was missing.
 --                In a "takes" reply the takes of a bucket whose value
 --                Sluice did not write are {"foreign", message, 0, 0, 0},
---                and the other takes are decided.
+--                and the other takes are decided; in an "alls" reply so is
+--                every part of a multi-take with such a bucket.
 --
 -- Every EVALSHA call runs this whole chunk afresh: each local function is
 -- created anew on every call, and each function call, like each operation
@@ -136,17 +143,20 @@ local withID = false
 if not single then
   withID = (op == 'take' or op == 'refund') and nkeys == 2 and nargs == 5
   local parts = op == 'all' or op == 'deny' or op == 'giveback'
+  local k = nargs - 2 - nkeys -- "alls": the parts of each multi-take
   if not (withID or op == 'takes' and nkeys >= 1 and nargs == 3 + nkeys or
       parts and nkeys >= 1 and nkeys <= 16 and nargs == 2 + 2 * nkeys or
+      op == 'alls' and nkeys >= 1 and k >= 1 and k <= 16 and nkeys % k == 0 or
       (op == 'drain' or op == 'refund') and nkeys == 1 and nargs == 4 or
       op == 'reset' and nkeys == 1 and nargs == 3) then
-    if not (parts or op == 'take' or op == 'takes' or op == 'peek' or op == 'drain' or op == 'refund' or op == 'reset') then
+    if not (parts or op == 'take' or op == 'takes' or op == 'peek' or op == 'alls' or op == 'drain' or op == 'refund' or op == 'reset') then
       error({err = 'ERR sluice: operation ' .. string.format('%q', tostring(op)) ..
-        ' is not "take", "takes", "peek", "all", "deny", "giveback", "drain", "refund" or "reset"'})
+        ' is not "take", "takes", "peek", "all", "alls", "deny", "giveback", "drain", "refund" or "reset"'})
     end
     error({err = 'ERR sluice: ' .. nkeys .. ' keys and ' .. nargs .. ' arguments for "' .. op ..
       '"; want 1 key and 4 (take, peek, drain, refund), 2 keys and 5 (take or refund with a request ID), ' ..
       'one key per cost and 3 more (takes), 1 to 16 keys and 2 more per key plus 2 (all, deny, giveback), ' ..
+      'k parts of m multi-takes: k times m keys, k specs, k times m costs and 2 more (alls), ' ..
       'or 1 key and 3 (reset)'})
   end
 end
@@ -326,6 +336,143 @@ if now and single and specOK and (not first or same and
       end
     end
     return {'ok', allowed and 1 or 0, tokens, retry, reset}
+  end
+end
+
+-- The fast path of a multi-take ("all"): every bucket missing or stored
+-- under its part's spec with its stamp not after now, every spec and cost
+-- in range. It runs straight through as the single take's does, with its
+-- checks, refill, waits and expiry, and creates no function; anything else
+-- (a conversion, a stamp after now, a bucket twice, a fault) takes the
+-- general path, which decides the same or names the fault. The first
+-- part's numbers were read above, the others' here: Cs, N1, P1, LT hold
+-- each part's capacity, n', p' and least TTL, T, F its level, CO its cost,
+-- SM whether it is stored under its spec.
+if now and op == 'all' and specOK and (not first or same and
+    C <= 1099511627776 and n1 <= 1099511627776 and C * p1 < 4503599627370496 and least < 9007199254740992 and
+    tokens <= C and frac < p1 and (tokens < C or frac == 0) and stamp <= now) then
+  local Cs, N1, P1, LT, T, F, CO, SM = {C}, {n1}, {p1}, {least}, {tokens}, {frac}, {}, {same}
+  local ok, seen = true, {[KEYS[1]] = true}
+  for i = 2, nkeys do
+    local key, sp = KEYS[i], argv[1 + 2 * i]
+    if seen[key] or #sp ~= 38 then
+      ok = false
+      break
+    end
+    seen[key] = true
+    local v = redis.pcall('GET', key)
+    local c, a, p, a1, b1, cv, lt, t, f, st
+    if not v then
+      -- The spec in full, as the first part's above.
+      c, a, p, a1, b1, cv, lt = struct.unpack(SPEC, sp)
+      local good = c >= 1 and c <= 1099511627776 and a <= 1099511627776 and p >= 1 and p <= 31622400000000 and
+        a1 <= a and b1 >= 1 and b1 <= p and cv <= 2 and lt < 9007199254740992 and c * b1 < 4503599627370496
+      if good then
+        if a == 0 then
+          good = a1 == 0 and b1 == 1
+        else
+          good = a1 > 0 and p % b1 == 0 and a % a1 == 0 and p / b1 == a / a1
+          local x, y = a1, b1
+          while y > 0 do
+            x, y = y, x % y
+          end
+          good = good and x == 1
+        end
+      end
+      if not good then
+        ok = false
+        break
+      end
+      t, f = c, 0
+      SM[i] = false
+    elseif type(v) == 'string' and #v == 58 and string.find(v, sp, 1, true) == 1 then
+      c, a, p, a1, b1, cv, lt, t, f, st = struct.unpack(BUCKET, v)
+      if not (c >= 1 and c <= 1099511627776 and a1 <= 1099511627776 and b1 >= 1 and c * b1 < 4503599627370496 and
+          lt < 9007199254740992 and t <= c and f < b1 and (t < c or f == 0) and st <= now) then
+        ok = false
+        break
+      end
+      -- The refill, as the single take's.
+      if now > st then
+        local d, u = (c - t) * b1 - f, (now - st) * a1
+        if u >= d then
+          t, f = c, 0
+        else
+          u = u + f
+          f = u % b1
+          t = t + (u - f) / b1
+        end
+      end
+      SM[i] = true
+    else
+      ok = false
+      break
+    end
+    Cs[i], N1[i], P1[i], LT[i], T[i], F[i] = c, a1, b1, lt, t, f
+  end
+  if ok and same and now > stamp then
+    local d, u = (C - tokens) * p1 - frac, (now - stamp) * n1
+    if u >= d then
+      T[1], F[1] = C, 0
+    else
+      u = u + frac
+      F[1] = u % p1
+      T[1] = tokens + (u - F[1]) / p1
+    end
+  end
+  local all = ok
+  for i = 1, ok and nkeys or 0 do
+    local cost = argv[2 + 2 * i]
+    if cost == '1' then
+      cost = 1
+    elseif string.find(cost, '^[1-9]%d*$') then
+      cost = cost + 0
+    else
+      cost = 0
+    end
+    if not (cost >= 1 and cost <= Cs[i]) then
+      ok = false
+      break
+    end
+    CO[i] = cost
+    all = all and T[i] >= cost
+  end
+  if ok then
+    local reply = {}
+    for i = 1, nkeys do
+      local c, a1, b1, t, f, cost = Cs[i], N1[i], P1[i], T[i], F[i], CO[i]
+      local covers, retry, reset = t >= cost, 0, -1
+      if all then
+        t = t - cost
+      elseif not covers and a1 > 0 then
+        local x = (cost - t) * b1 - f - 1
+        retry = (x - x % a1) / a1 + 1
+      elseif not covers then
+        retry = -1
+      end
+      if t >= c then
+        reset = 0
+      elseif a1 > 0 then
+        local x = (c - t) * b1 - f - 1
+        reset = (x - x % a1) / a1 + 1
+      end
+      local r = 5 * (i - 1)
+      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] = 'ok', covers and 1 or 0, t, retry, reset
+      -- Written as the single take writes: not a denial on Redis TIME of
+      -- a bucket stored under its spec.
+      if all or not (redisTime and SM[i]) then
+        local value = argv[1 + 2 * i] .. struct.pack('<I6I7I7', t, f, now)
+        if reset < 0 then
+          redis.call('SET', KEYS[i], value)
+        else
+          local x = reset + 999
+          local ttl = (x - x % 1000) / 1000 + 1
+          if ttl < LT[i] then ttl = LT[i] end
+          redis.call('SET', KEYS[i], value, 'PX', string.format('%d', ttl))
+        end
+      end
+    end
+    return reply
   end
 end
 
@@ -539,6 +686,100 @@ local function put(key, sp, lt, t, f, s, reset)
   if a + b > 1000 then ttl = ttl + 1 end
   if ttl < lt then ttl = lt end
   redis.call('SET', key, value, 'PX', format('%d', ttl))
+end
+
+-- "alls": m multi-takes of k parts under the same k specs, decided one
+-- after another at one time, as separate "all" calls back to back would
+-- be: each bucket is read once, continues from the level the multi-takes
+-- before left, and is written once at the end, if a multi-take that was
+-- decided met it and it must be written (not a denial on Redis TIME of a
+-- bucket stored under its spec). A bucket is always one part's (the Go
+-- side groups only multi-takes that agree); a multi-take with a bucket
+-- whose value Sluice did not write gets "foreign" for its parts, changes
+-- nothing, and the others are decided.
+if op == 'alls' then
+  local k = nargs - 2 - nkeys
+  local SP, CC, NN, PP, A1, B1, CN, LT = {}, {}, {}, {}, {}, {}, {}, {}
+  for i = 1, k do
+    local sp = argv[2 + i]
+    if i > 1 then
+      if #sp ~= 38 then
+        fail(format('part %d: spec of %d bytes, want 38', i, #sp))
+      end
+      C, n, P, n1, p1, conv, least = struct.unpack(SPEC, sp)
+      checkSpec(format('part %d: ', i))
+    end
+    SP[i], CC[i], NN[i], PP[i], A1[i], B1[i], CN[i], LT[i] = sp, C, n, P, n1, p1, conv, least
+  end
+  -- Every cost, before anything is decided.
+  local CO = {}
+  for x = 1, nkeys do
+    CO[x] = int('cost', argv[2 + k + x], 1, CC[(x - 1) % k + 1])
+  end
+  local K, at, pos, T, F, S, CV, E, QW, USED, TOOK = {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+  local reply = {}
+  for base = 0, nkeys - k, k do
+    local bad
+    for i = 1, k do
+      local key = KEYS[base + i]
+      local j = at[key]
+      if not j then
+        j = #K + 1
+        K[j], at[key], pos[j] = key, j, i
+        C, n, P, n1, p1, conv, least = CC[i], NN[i], PP[i], A1[i], B1[i], CN[i], LT[i]
+        local stored, sm = first, same
+        if base + i > 1 then
+          stored = redis.pcall('GET', key)
+          sm = type(stored) == 'string' and #stored == 58 and string.find(stored, SP[i], 1, true) == 1
+        end
+        local ok, t, f, st, cv = pcall(load, stored)
+        if ok then
+          T[j], F[j], S[j], CV[j] = t, f, st, cv
+        else
+          E[j] = type(t) == 'table' and t.err or tostring(t)
+        end
+        QW[j] = not (redisTime and sm)
+      elseif pos[j] ~= i then
+        fail(format('bucket %d of a multi-take is part %d of another', i, pos[j]))
+      end
+      bad = bad or E[j]
+    end
+    if bad then
+      for r = 5 * base, 5 * (base + k) - 1, 5 do
+        reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] = 'foreign', bad, 0, 0, 0
+      end
+    else
+      local all = true
+      for i = 1, k do
+        if T[at[KEYS[base + i]]] < CO[base + i] then all = false end
+      end
+      for i = 1, k do
+        local j, cost = at[KEYS[base + i]], CO[base + i]
+        n1, p1 = A1[i], B1[i]
+        local t, f = T[j], F[j]
+        local covers, retry = t >= cost, 0
+        if all then
+          t = t - cost
+          TOOK[j] = true
+        elseif not covers then
+          retry = wait(t, f, cost)
+        end
+        T[j], USED[j] = t, true
+        local ahead, r = S[j] - now, 5 * (base + i - 1)
+        reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] =
+          CV[j] and 'conv' or 'ok', covers and 1 or 0, t, fromNow(retry, ahead), fromNow(wait(t, f, CC[i]), ahead)
+        CV[j] = false
+      end
+    end
+  end
+  for j = 1, #K do
+    if USED[j] and (TOOK[j] or QW[j]) then
+      local i = pos[j]
+      n1, p1 = A1[i], B1[i]
+      put(K[j], SP[i], LT[i], T[j], F[j], S[j], wait(T[j], F[j], CC[i]))
+    end
+  end
+  return reply
 end
 
 -- The operations on parts, each under a spec of its own ("all", "deny",

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/faultproxy"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/sluicetest"
 	"pgregory.net/rapid"
@@ -253,8 +254,14 @@ func TestTakeAllConcurrentExact(t *testing.T) {
 							}
 						}
 						st := s.Stats()
-						if cross := name == "cluster" && lay.bigKey != lay.smallKey; (st.CrossSlotTakes > 0) != cross || st.LostRefunds != 0 {
+						cross := name == "cluster" && lay.bigKey != lay.smallKey
+						if (st.CrossSlotTakes > 0) != cross || st.LostRefunds != 0 {
 							t.Errorf("Stats() = %+v; want CrossSlotTakes > 0 only for two slots on the cluster, and no lost refund", st)
+						}
+						// Batched, concurrent multi-takes of the same buckets
+						// share script calls (on a standalone server, of any).
+						if batch > 1 && !cross && st.SharedTakes == 0 {
+							t.Errorf("Stats().SharedTakes = 0 after %d batched concurrent multi-takes", workers*per)
 						}
 					})
 				}
@@ -842,5 +849,389 @@ func TestScriptRejectsBadOpArguments(t *testing.T) {
 	}
 	if got, err := c.Get(ctx, a).Result(); err != nil || got != stateValue(s, sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(3)}, bucket.State{Tokens: 10, Stamp: 1_000_000}) {
 		t.Errorf("after the valid reset the bucket is %q, %v; want it full at its stamp", got, err)
+	}
+}
+
+// TestScriptMultiMatchesPlan checks a multi-take script call against
+// bucket.Plan on states drawn directly, as TestScriptMatchesPlan does for a
+// take: two or three buckets under limits at the edge of what the store
+// accepts, each missing or stored (on the old limit's grid, stamped around
+// now, sometimes after it), some converted to a new limit, each with its
+// own cost. Each part's decision must be Plan's (a take if every bucket
+// covers its cost, else a peek), and so must the state stored. Both the
+// fast path and the general path meet these states.
+func TestScriptMultiMatchesPlan(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := context.Background()
+	prefix := newPrefix(t, c)
+	s, err := New(c, Options{Prefix: prefix, MinTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		now := rapid.Int64Range(0, maxExact).Draw(rt, "now")
+		n := rapid.IntRange(1, 3).Draw(rt, "parts")
+		keys := make([]string, n)
+		plans := make([]bucket.Plan, n)
+		want := make([]bucket.State, n)
+		costs := make([]int64, n)
+		limits := make([]sluice.Limit, n)
+		values := make([]string, n)
+		args := []any{"evalsha", scriptSHA, n}
+		for i := range n {
+			keys[i] = s.bucketKey(fmt.Sprint("p", i), "k")
+			args = append(args, keys[i])
+		}
+		args = append(args, "all", now)
+		for i := range n {
+			from := edgeLimit(rt, "old")
+			to := from
+			if rapid.IntRange(0, 3).Draw(rt, "limit change (0)") == 0 {
+				to = edgeLimit(rt, "new")
+			}
+			oldPlan, err := bucket.NewPlan(from, time.Microsecond)
+			if err != nil {
+				rt.Fatal(err)
+			}
+			if plans[i], err = bucket.NewPlan(to, time.Microsecond); err != nil {
+				rt.Fatal(err)
+			}
+			limits[i] = to
+			if rapid.Bool().Draw(rt, "missing") {
+				if err := c.Del(ctx, keys[i]).Err(); err != nil {
+					rt.Fatal(err)
+				}
+				want[i], values[i] = plans[i].Full(now), "(missing)"
+			} else {
+				var st bucket.State
+				st.Tokens = rapid.Int64Range(0, from.Capacity).Draw(rt, "tokens")
+				if st.Tokens < from.Capacity {
+					st.Frac = uint64(rapid.Int64Range(0, int64(oldPlan.Scale())-1).Draw(rt, "frac"))
+				}
+				st.Stamp = rapid.Int64Range(max(0, now-int64(2*oldPlan.Scale())), min(maxExact, now+1000)).Draw(rt, "stamp")
+				values[i] = stateValue(s, from, st)
+				if err := c.Set(ctx, keys[i], values[i], time.Minute).Err(); err != nil {
+					rt.Fatal(err)
+				}
+				want[i] = oldPlan.Refill(st, now)
+				if from != to {
+					want[i] = plans[i].Convert(want[i], &oldPlan, sluice.KeepTokens)
+				}
+			}
+			costs[i] = rapid.Int64Range(1, to.Capacity).Draw(rt, "cost")
+			pl, err := compile(to)
+			if err != nil {
+				rt.Fatal(err)
+			}
+			args = append(args, s.spec(pl), costs[i])
+		}
+		all := true
+		for i := range n {
+			all = all && plans[i].Peek(want[i], now, costs[i]).Allowed
+		}
+		reply, err := decisionCmdReply(ctx, c, args)
+		if err != nil {
+			rt.Fatalf("all %v of %q at %d: %v", costs, values, now, err)
+		}
+		if len(reply) != 5*n {
+			rt.Fatalf("reply %q has %d values for %d parts", reply, len(reply), n)
+		}
+		for i := range n {
+			var wantD sluice.Decision
+			if all {
+				plans[i].Take(&want[i], now, costs[i], &wantD)
+			} else {
+				wantD = plans[i].Peek(want[i], now, costs[i])
+			}
+			got, _, err := decision(reply[5*i:5*i+5], limits[i])
+			if err != nil {
+				rt.Fatal(err)
+			}
+			if diff := cmp.Diff(wantD, got); diff != "" {
+				rt.Fatalf("part %d of all %v of %q at %d (-Plan +script):\n%s", i, costs, values, now, diff)
+			}
+			if stored, err := c.Get(ctx, keys[i]).Result(); err != nil || stored != stateValue(s, limits[i], want[i]) {
+				rt.Fatalf("part %d stored %q, %v; want Plan's %q", i, stored, err, stateValue(s, limits[i], want[i]))
+			}
+		}
+	})
+}
+
+// TestScriptSharedMultiTakes: one "alls" script call (how a batch sends
+// multi-takes under the same limits) decides its multi-takes one after
+// another at one time, each all or nothing, as bucket.Plan does, on
+// buckets met again by later multi-takes, stored or missing, under limit
+// changes, and stores Plan's final state of each.
+func TestScriptSharedMultiTakes(t *testing.T) {
+	c := redistest.Client(t)
+	ctx := context.Background()
+	prefix := newPrefix(t, c)
+	s, err := New(c, Options{Prefix: prefix, MinTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		now := rapid.Int64Range(0, maxExact).Draw(rt, "now")
+		k := rapid.IntRange(1, 3).Draw(rt, "parts")
+		m := rapid.IntRange(1, 5).Draw(rt, "multi-takes")
+		// Part i is always policy p<i>, under limit to[i]; each multi-take
+		// picks one of two keys for each part.
+		plans := make([]bucket.Plan, k)
+		limits := make([]sluice.Limit, k)
+		want := map[string]*bucket.State{}
+		values := map[string]string{}
+		args := []any{"evalsha", scriptSHA, k * m}
+		var keys []string
+		which := make([][]int, m)
+		for q := range m {
+			which[q] = rapid.SliceOfN(rapid.IntRange(0, 1), k, k).Draw(rt, "keys")
+		}
+		specs := make([]any, k)
+		for i := range k {
+			from := edgeLimit(rt, "old")
+			limits[i] = from
+			if rapid.IntRange(0, 3).Draw(rt, "limit change (0)") == 0 {
+				limits[i] = edgeLimit(rt, "new")
+			}
+			oldPlan, err := bucket.NewPlan(from, time.Microsecond)
+			if err != nil {
+				rt.Fatal(err)
+			}
+			if plans[i], err = bucket.NewPlan(limits[i], time.Microsecond); err != nil {
+				rt.Fatal(err)
+			}
+			pl, err := compile(limits[i])
+			if err != nil {
+				rt.Fatal(err)
+			}
+			specs[i] = s.spec(pl)
+			for w := range 2 {
+				key := s.bucketKey(fmt.Sprint("p", i), fmt.Sprint("k", w))
+				if rapid.Bool().Draw(rt, "missing") {
+					if err := c.Del(ctx, key).Err(); err != nil {
+						rt.Fatal(err)
+					}
+					st := plans[i].Full(now)
+					want[key], values[key] = &st, "(missing)"
+					continue
+				}
+				var st bucket.State
+				st.Tokens = rapid.Int64Range(0, from.Capacity).Draw(rt, "tokens")
+				if st.Tokens < from.Capacity {
+					st.Frac = uint64(rapid.Int64Range(0, int64(oldPlan.Scale())-1).Draw(rt, "frac"))
+				}
+				st.Stamp = rapid.Int64Range(max(0, now-int64(2*oldPlan.Scale())), min(maxExact, now+1000)).Draw(rt, "stamp")
+				values[key] = stateValue(s, from, st)
+				if err := c.Set(ctx, key, values[key], time.Minute).Err(); err != nil {
+					rt.Fatal(err)
+				}
+				st = oldPlan.Refill(st, now)
+				if from != limits[i] {
+					st = plans[i].Convert(st, &oldPlan, sluice.KeepTokens)
+				}
+				want[key] = &st
+			}
+		}
+		costs := make([][]int64, m)
+		for q := range m {
+			costs[q] = make([]int64, k)
+			for i := range k {
+				key := s.bucketKey(fmt.Sprint("p", i), fmt.Sprint("k", which[q][i]))
+				keys = append(keys, key)
+				args = append(args, key)
+				costs[q][i] = rapid.Int64Range(1, limits[i].Capacity).Draw(rt, "cost")
+			}
+		}
+		args = append(args, "alls", now)
+		args = append(args, specs...)
+		for q := range m {
+			for i := range k {
+				args = append(args, costs[q][i])
+			}
+		}
+		reply, err := decisionCmdReply(ctx, c, args)
+		if err != nil {
+			rt.Fatalf("alls %v of %q at %d: %v", costs, values, now, err)
+		}
+		if len(reply) != 5*k*m {
+			rt.Fatalf("reply %q has %d values for %d multi-takes of %d parts", reply, len(reply), m, k)
+		}
+		for q := range m {
+			all := true
+			for i := range k {
+				all = all && plans[i].Peek(*want[keys[q*k+i]], now, costs[q][i]).Allowed
+			}
+			for i := range k {
+				var wantD sluice.Decision
+				if all {
+					plans[i].Take(want[keys[q*k+i]], now, costs[q][i], &wantD)
+				} else {
+					wantD = plans[i].Peek(*want[keys[q*k+i]], now, costs[q][i])
+				}
+				r := 5 * (q*k + i)
+				got, _, err := decision(reply[r:r+5], limits[i])
+				if err != nil {
+					rt.Fatal(err)
+				}
+				if diff := cmp.Diff(wantD, got); diff != "" {
+					rt.Fatalf("multi-take %d part %d of %v (%q) at %d (-Plan +script):\n%s", q, i, costs, values, now, diff)
+				}
+			}
+		}
+		for i, key := range keys {
+			if stored, err := c.Get(ctx, key).Result(); err != nil || stored != stateValue(s, limits[i%k], *want[key]) {
+				rt.Fatalf("bucket %q stored %q, %v; want Plan's %q", key, stored, err, stateValue(s, limits[i%k], *want[key]))
+			}
+		}
+	})
+}
+
+// TestGroupMultiTakes: in a pipeline, multi-takes share a script call when
+// they have the same number of parts, time and specs in order (and, off a
+// standalone server, the same buckets), and every bucket is under one spec
+// in all of them; takes share only with takes, and anything else goes
+// alone.
+func TestGroupMultiTakes(t *testing.T) {
+	multi := func(now any, parts ...string) *pending {
+		args := []any{"evalsha", scriptSHA, len(parts) / 2}
+		for i := 0; i < len(parts); i += 2 {
+			args = append(args, parts[i])
+		}
+		args = append(args, "all", now)
+		for i := 1; i < len(parts); i += 2 {
+			args = append(args, parts[i], int64(1))
+		}
+		return &pending{cmd: decisionCmd{redis.NewCmd(context.Background(), args...)}}
+	}
+	take := func(key, spec string) *pending {
+		return &pending{cmd: decisionCmd{redis.NewCmd(context.Background(), "evalsha", scriptSHA, 1, key, "take", "redis", spec, int64(1))}}
+	}
+	batch := []*pending{
+		multi("redis", "burst:a", "S1", "daily:a", "S2"),  // 0
+		multi("redis", "burst:b", "S1", "daily:b", "S2"),  // 1: shares with 0 on a standalone server
+		multi("redis", "burst:a", "S1", "daily:a", "S2"),  // 2: shares with 0 anywhere
+		multi("redis", "daily:a", "S1", "burst:a", "S2"),  // 3: daily:a under S1: a group of its own
+		multi("redis", "burst:a", "S2", "daily:a", "S1"),  // 4: other specs in order
+		multi(int64(5), "burst:a", "S1", "daily:a", "S2"), // 5: another time
+		multi("redis", "burst:a", "S1"),                   // 6: one part
+		take("burst:a", "S1"),                             // 7
+		take("burst:a", "S1"),                             // 8: shares with 7
+		multi("redis", "burst:c", "S1", "daily:c", "S2"),  // 9: on a standalone server with 3, the latest group of its kind
+	}
+	for _, tt := range []struct {
+		anyKey bool
+		want   [][]int
+	}{
+		{true, [][]int{{0, 1, 2}, {3, 9}, {4}, {5}, {6}, {7, 8}}},
+		{false, [][]int{{0, 2}, {1}, {3}, {4}, {5}, {6}, {7, 8}, {9}}},
+	} {
+		var got [][]int
+		for _, g := range group(batch, tt.anyKey) {
+			var idx []int
+			for _, p := range g.members {
+				idx = append(idx, slices.Index(batch, p))
+			}
+			got = append(got, idx)
+			if len(g.members) > 1 && g.parts > 0 {
+				if a := g.cmd.Args(); a[2] != g.parts*len(g.members) || a[argKeys+a[2].(int)] != "alls" {
+					t.Errorf("anyKey %v: shared call %q is not an \"alls\" of %d parts", tt.anyKey, a, g.parts)
+				}
+			}
+		}
+		if !cmp.Equal(got, tt.want) {
+			t.Errorf("anyKey %v: groups %v, want %v", tt.anyKey, got, tt.want)
+		}
+	}
+}
+
+// TestBatchSharesMultiTakes: with batching, multi-takes queued together
+// under the same limits share one script call; each is decided all or
+// nothing in turn (two multi-takes of a bucket holding one token: one is
+// allowed, the other denied and charges nothing), and one whose bucket
+// holds a value Sluice did not write fails alone.
+func TestBatchSharesMultiTakes(t *testing.T) {
+	ctx := t.Context()
+	direct := redistest.Client(t)
+	p, err := faultproxy.New(redistest.Options(t).Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	o := redistest.Options(t)
+	o.Addr = p.Addr()
+	via := redis.NewClient(o)
+	t.Cleanup(func() { via.Close() })
+	s, err := New(via, Options{Prefix: newPrefix(t, direct), Batch: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	burst := sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
+	daily := sluice.Limit{Capacity: 20, Rate: sluice.Per(1, time.Hour)}
+	both := func(key string) []sluice.Request {
+		return []sluice.Request{{Policy: "burst", Key: key, Cost: 1, Limit: burst}, {Policy: "daily", Key: key, Cost: 1, Limit: daily}}
+	}
+	// "low" has one token left in its daily bucket; "text" holds another
+	// application's value in its burst bucket.
+	if _, err := s.Take(ctx, sluice.Request{Policy: "daily", Key: "low", Cost: 19, Limit: daily}); err != nil {
+		t.Fatal(err)
+	}
+	if err := direct.Set(ctx, s.bucketKey("burst", "text"), "another app's value", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The first take goes alone and waits 200 ms for its reply; the
+	// multi-takes queue meanwhile and go in the next pipeline, in one call.
+	p.SetLatency(200 * time.Millisecond)
+	defer p.SetLatency(0)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if _, err := s.Take(ctx, sluice.Request{Policy: "burst", Key: "first", Cost: 1, Limit: burst}); err != nil {
+			t.Error(err)
+		}
+	})
+	time.Sleep(50 * time.Millisecond)
+	keys := []string{"a", "low", "text", "b", "low", "a"}
+	mds := make([]sluice.MultiDecision, len(keys))
+	errs := make([]error, len(keys))
+	for i, k := range keys {
+		wg.Go(func() { mds[i], errs[i] = s.TakeAll(ctx, both(k)) })
+	}
+	wg.Wait()
+	if sh := s.Stats().SharedTakes; sh != uint64(len(keys)-1) {
+		t.Fatalf("Stats().SharedTakes = %d; want %d (the queued multi-takes in one call)", sh, len(keys)-1)
+	}
+	lowAllowed := 0
+	for i, k := range keys {
+		switch {
+		case k == "text":
+			if !errors.Is(errs[i], sluice.ErrMisconfigured) {
+				t.Errorf("TakeAll(%q) with a foreign value = %+v, %v; want an error wrapping %v", k, mds[i], errs[i], sluice.ErrMisconfigured)
+			}
+		case errs[i] != nil:
+			t.Errorf("TakeAll(%q) = %v", k, errs[i])
+		case k == "low" && mds[i].Allowed:
+			lowAllowed++
+		case k == "low":
+			if mds[i].Denied != 1 || !mds[i].Parts[0].Allowed {
+				t.Errorf("the second TakeAll(%q) = %+v; want denied by the daily bucket", k, mds[i])
+			}
+		case !mds[i].Allowed:
+			t.Errorf("TakeAll(%q) = %+v; want allowed", k, mds[i])
+		}
+	}
+	if lowAllowed != 1 {
+		t.Errorf("%d of the two multi-takes of a bucket with one token were allowed, want 1", lowAllowed)
+	}
+	for _, c := range []struct {
+		policy, key string
+		l           sluice.Limit
+		want        int64
+	}{{"burst", "a", burst, 8}, {"daily", "a", daily, 18}, {"burst", "low", burst, 9}, {"daily", "low", daily, 0}, {"burst", "b", burst, 9}, {"daily", "text", daily, 20}} {
+		d, err := s.Peek(ctx, sluice.Request{Policy: c.policy, Key: c.key, Cost: 1, Limit: c.l})
+		if err != nil || d.Remaining != c.want {
+			t.Errorf("Peek(%q, %q) = %+v, %v; want Remaining %d", c.policy, c.key, d, err, c.want)
+		}
+	}
+	if n, err := direct.Exists(ctx, s.bucketKey("daily", "text")).Result(); err != nil || n != 0 {
+		t.Errorf("EXISTS of the failed multi-take's other bucket = %d, %v; want 0 (nothing written)", n, err)
 	}
 }

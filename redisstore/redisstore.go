@@ -123,7 +123,8 @@ type Options struct {
 	// pipeline of at most Batch scripts, one pipeline in flight at a time,
 	// and the takes in it under one limit share one script call where
 	// Redis allows (any keys on a standalone server, one key on a Cluster
-	// or Ring). A lone caller is sent at once, so batching adds no wait;
+	// or Ring), as do the multi-takes under the same limits (any buckets
+	// on a standalone server, the same buckets on a Cluster or Ring). A lone caller is sent at once, so batching adds no wait;
 	// 64 concurrent callers share a few round trips, and Redis spends less
 	// time per decision. Each script is still marked not retryable, so a
 	// lost pipeline reply fails its decisions once and charges none twice.
@@ -191,6 +192,8 @@ type Stats struct {
 	Pipelines uint64
 	// SharedTakes is the number of takes that went in the script call of
 	// an earlier take in the same pipeline (same limit; same bucket on a
+	// Cluster or Ring), and of multi-takes (TakeAll) that went in the call
+	// of an earlier one (the same limits in order; the same buckets on a
 	// Cluster or Ring): decided after it, at the same time, with one read
 	// and one write of each bucket for all.
 	SharedTakes uint64

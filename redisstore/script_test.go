@@ -862,7 +862,8 @@ func valueAndPTTL(t *testing.T, c client, key string) (string, time.Duration) {
 // reset the reply's wait until full, which counts from now (so from before
 // a stamp ahead of now), or never if it never refills, on the fast path (a missing bucket,
 // a stored one with a fraction, the least TTL) and on the general path (a
-// request ID, several takes, a stamp ahead of now). The server's
+// request ID, several takes, a stamp ahead of now), for takes and
+// multi-takes. The server's
 // millisecond at the write lies between a TIME read before the call and
 // one in the same MULTI after it, so a TTL one millisecond short fails
 // unless the clock ticked in between (a round trip's chance in a
@@ -907,6 +908,9 @@ func TestTTLOnServerClock(t *testing.T) {
 		{"request ID", []string{key, s.recordKey(testPolicy, "k", "id")}, []any{"take", now + 1, spec, 1, 60_000_000}, 0},
 		{"takes", []string{other, other}, []any{"takes", now, spec, 1, 1}, 0},
 		{"stamp ahead of now", []string{ahead}, []any{"take", now, spec, 1}, 0},
+		{"multi-take, fast path", []string{s.bucketKey(testPolicy, "all")}, []any{"all", now, spec, 1}, 0},
+		{"multi-take, least TTL", []string{s.bucketKey(testPolicy, "all-least")}, []any{"all", now, specOf(sluice.Limit{Capacity: 5, Rate: sluice.Per(3, 7*time.Millisecond)}, 60_000), 1}, 60_000},
+		{"multi-take, stamp ahead of now", []string{ahead}, []any{"all", now, spec, 1}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
