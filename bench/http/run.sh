@@ -4,8 +4,9 @@
 # generator (bench/http), and for each round and each mode starts a fresh
 # `sluice serve` on free loopback ports, waits for /readyz, runs the load
 # generator against it in its own process, and stops the service. It prints
-# each run's report, the service's CPU time per decision (from
-# /proc/PID/stat), and at the end the median of the rounds for each mode.
+# each run's report, the CPU time the service, the load generator and all
+# other processes used meanwhile (from /proc), and at the end the median of
+# the rounds for each mode.
 #
 # Run from bench/:   http/run.sh [MODE...]        (default: single batch)
 #
@@ -119,6 +120,9 @@ wait_idle() {
   done
 }
 
+# busy_ticks prints the time all CPUs were busy, in clock ticks.
+busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+
 # cpu_ticks prints the user + system CPU time of process $1, in clock ticks.
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
@@ -131,20 +135,28 @@ for round in $(seq "$ROUNDS"); do
     echo
     echo "== round $round, $mode; load average $(cut -d' ' -f1-3 /proc/loadavg), $(idle 1)% idle"
     start_service
+    busy0=$(busy_ticks)
     before=$(cpu_ticks "$pid")
-    "$work/loadgen" -url "$url" -policy bench -mode "$mode" -batch "$BATCH" -in-flight "$IN_FLIGHT" \
-      -keys "$KEYS" -duration "$DURATION" -warmup "$WARMUP" -client "$CLIENT" -seed "$round" | tee "$work/run.out"
+    t0=$EPOCHREALTIME
+    TIMEFORMAT='%3U %3S'
+    { time "$work/loadgen" -url "$url" -policy bench -mode "$mode" -batch "$BATCH" -in-flight "$IN_FLIGHT" \
+      -keys "$KEYS" -duration "$DURATION" -warmup "$WARMUP" -client "$CLIENT" -seed "$round" >"$work/run.out"; } 2>"$work/time.out" ||
+      { cat "$work/run.out" "$work/time.out" >&2; exit 1; }
+    t1=$EPOCHREALTIME
     after=$(cpu_ticks "$pid")
+    busy1=$(busy_ticks)
     stop_service
-    # The service's CPU time covers the warm-up and the run, so it is
-    # divided by their length: the cores it used; over the decisions per
-    # second, the CPU time of one decision.
-    secs=$(awk '/^POST/ { sub("s$", "", $NF); print $NF }' "$work/run.out")
+    cat "$work/run.out"
+    # Over the warm-up and the run: the cores the service, the load
+    # generator and every other process used, and the service's CPU time
+    # per decision (taking the warm-up's rate to be the run's).
     rate=$(sed -n 's/^result .*decisions\/s=\([0-9]*\).*/\1/p' "$work/run.out")
-    read -r cores per < <(awk -v t=$((after - before)) -v hz="$hz" -v s="$secs" -v w="$(seconds "$WARMUP")" -v r="$rate" \
-      'BEGIN { c = t / hz / (s + w); printf "%.2f %.2f\n", c, c * 1e6 / r }')
-    echo "service CPU $cores cores, ${per}µs a decision"
-    sed -n "/^result /s/\$/ service-cores=$cores service-cpu-us=$per/p" "$work/run.out" >>"$work/results"
+    read -r svc per gen others < <(tail -1 "$work/time.out" | awk -v s=$((after - before)) -v b=$((busy1 - busy0)) \
+      -v hz="$hz" -v t0="$t0" -v t1="$t1" -v r="$rate" '{
+        wall = t1 - t0; svc = s / hz; gen = $1 + $2; others = b / hz - svc - gen
+        printf "%.2f %.2f %.2f %.2f\n", svc / wall, svc * 1e6 / (r * wall), gen / wall, (others > 0 ? others : 0) / wall }')
+    echo "CPU      service $svc cores (${per}µs a decision), load generator $gen cores, other processes $others cores, of $(nproc)"
+    sed -n "/^result /s/\$/ service-cores=$svc service-cpu-us=$per other-cores=$others/p" "$work/run.out" >>"$work/results"
   done
 done
 
