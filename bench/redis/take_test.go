@@ -122,15 +122,22 @@ var sluiceDefault = limiter{"sluice", func(tb testing.TB, callers int) (decider,
 
 // sluiceDecider returns a redisstore decider on c with Options.Batch batch.
 func sluiceDecider(tb testing.TB, c redisstore.Client, batch int) decider {
-	s, err := redisstore.New(c, redisstore.Options{Prefix: "sluice-bench:", Batch: batch})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	s := sluiceStore(tb, c, batch)
 	lim := sluice.Limit{Capacity: burst, Rate: sluice.PerSecond(rate)}
 	return func(ctx context.Context, key string) (bool, error) {
 		d, err := s.Take(ctx, sluice.Request{Policy: "bench", Key: key, Cost: 1, Limit: lim})
 		return d.Allowed, err
 	}
+}
+
+// sluiceStore returns the redisstore of the benchmarks on c with
+// Options.Batch batch.
+func sluiceStore(tb testing.TB, c redisstore.Client, batch int) *redisstore.Store {
+	s, err := redisstore.New(c, redisstore.Options{Prefix: "sluice-bench:", Batch: batch})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
 }
 
 // BenchmarkDecisions runs b.N decisions from a fixed number of concurrent
@@ -143,16 +150,71 @@ func BenchmarkDecisions(b *testing.B) {
 	runLimiters(b, limiters)
 }
 
-// runLimiters runs benchDecisions for each workload, number of callers and
-// limiter.
+// twoLimitLimiters decide each request under two limits of its key, a
+// burst (the limit of every workload) and a daily quota of 1,000,000,
+// next to sluice's single take under the burst alone.
+var twoLimitLimiters = []limiter{
+	sluiceDefault,
+	{"sluice-takeall", func(tb testing.TB, callers int) (decider, func()) {
+		c := newClient(callers)
+		s := sluiceStore(tb, c, 0)
+		return func(ctx context.Context, key string) (bool, error) {
+			md, err := s.TakeAll(ctx, []sluice.Request{
+				{Policy: "bench", Key: key, Cost: 1, Limit: burstLimit},
+				{Policy: "bench-daily", Key: key, Cost: 1, Limit: dailyLimit},
+			})
+			return md.Allowed, err
+		}, func() { c.Close() }
+	}},
+	// Two takes one after the other, as a caller without TakeAll would
+	// make them: two script calls, and not atomic (the daily quota is
+	// charged when the burst then denies). For reference only.
+	{"sluice-two-takes", func(tb testing.TB, callers int) (decider, func()) {
+		c := newClient(callers)
+		s := sluiceStore(tb, c, 0)
+		return func(ctx context.Context, key string) (bool, error) {
+			d, err := s.Take(ctx, sluice.Request{Policy: "bench-daily", Key: key, Cost: 1, Limit: dailyLimit})
+			if err != nil || !d.Allowed {
+				return false, err
+			}
+			d, err = s.Take(ctx, sluice.Request{Policy: "bench", Key: key, Cost: 1, Limit: burstLimit})
+			return d.Allowed, err
+		}, func() { c.Close() }
+	}},
+}
+
+// The limits of the two-limit workload: the burst of every workload, and a
+// daily quota that the benchmark never exhausts.
+var (
+	burstLimit = sluice.Limit{Capacity: burst, Rate: sluice.PerSecond(rate)}
+	dailyLimit = sluice.Limit{Capacity: 1_000_000, Rate: sluice.Per(1_000_000, 24*time.Hour)}
+)
+
+// BenchmarkTwoLimits runs the workloads of BenchmarkDecisions at 1 and 64
+// callers with each decision under two limits of its key (TakeAll), next
+// to a single take and to two takes in a row.
+//
+//	cd bench && go test -run '^$' -bench TwoLimits -benchtime 30000x ./redis/
+func BenchmarkTwoLimits(b *testing.B) {
+	runCells(b, twoLimitLimiters, []int{1, 64})
+}
+
+// runLimiters runs benchDecisions for each workload, number of callers
+// (1, 16 and 64) and limiter.
 func runLimiters(b *testing.B, limiters []limiter) {
+	runCells(b, limiters, []int{1, 16, 64})
+}
+
+// runCells runs benchDecisions for each workload, number of callers and
+// limiter.
+func runCells(b *testing.B, limiters []limiter, callerCounts []int) {
 	if skipReason != "" {
 		b.Skip(skipReason)
 	}
 	// The limiters of one cell run one after another, so that the machine
 	// drifts least between the figures compared.
 	for _, spread := range []bool{false, true} {
-		for _, callers := range []int{1, 16, 64} {
+		for _, callers := range callerCounts {
 			for _, l := range limiters {
 				name := fmt.Sprintf("%s/hot/callers=%d", l.name, callers)
 				if spread {
