@@ -5,6 +5,7 @@
 //	POST /v1/take        {"policy","key","cost","request_id"} → a decision
 //	POST /v1/peek        {"policy","key","cost"}              → a decision, nothing taken
 //	POST /v1/take:batch  {"requests":[...]}                   → {"results":[...]}, in order
+//	POST /v1/drain, /v1/refund, /v1/reset                     → see ops.go
 //	GET  /v1/status      the config version and the policies
 //	GET  /healthz        the process is up
 //	GET  /readyz         the config is loaded and the store answers
@@ -106,6 +107,9 @@ func New(core *service.Core, o Options) (*Handler, error) {
 		{"POST", "/v1/take", h.auth(h.take)},
 		{"POST", "/v1/peek", h.auth(h.peek)},
 		{"POST", "/v1/take:batch", h.auth(h.batch)},
+		{"POST", "/v1/drain", h.auth(h.drain)},
+		{"POST", "/v1/refund", h.auth(h.refund)},
+		{"POST", "/v1/reset", h.auth(h.reset)},
 		{"GET", "/v1/status", h.auth(h.status)},
 		{"GET", "/healthz", func(w http.ResponseWriter, r *http.Request) { writeText(w, http.StatusOK, "ok\n") }},
 		{"GET", "/readyz", h.readyz},
@@ -228,7 +232,7 @@ func (h *Handler) batch(w http.ResponseWriter, r *http.Request) {
 			b = appendProblemItem(b, p)
 			continue
 		}
-		b = appendDecision(b, res, h.names.names(res.Policy.Name, res.Decision.Limit))
+		b = appendResult(b, res, &h.names, false)
 	}
 	b = append(b, "]}\n"...)
 	*buf = b
@@ -239,16 +243,23 @@ func (h *Handler) batch(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) status(w http.ResponseWriter, r *http.Request) {
 	t := h.core.Table()
 	type policy struct {
-		Name   string `json:"name"`
-		Limit  string `json:"limit"`
-		Shadow bool   `json:"shadow"`
+		Name   string   `json:"name"`
+		Limit  string   `json:"limit"`
+		Limits []string `json:"limits,omitempty"` // a policy of several limits
+		Shadow bool     `json:"shadow"`
 	}
 	out := struct {
 		Version  string   `json:"version"`
 		Policies []policy `json:"policies"`
 	}{Version: t.Version(), Policies: []policy{}}
 	for _, p := range t.Policies() {
-		out.Policies = append(out.Policies, policy{Name: p.Name, Limit: p.Limit.String(), Shadow: p.Shadow})
+		pol := policy{Name: p.Name, Limit: p.Limit.String(), Shadow: p.Shadow}
+		if len(p.Limits) > 1 {
+			for _, l := range p.Limits {
+				pol.Limits = append(pol.Limits, l.String())
+			}
+		}
+		out.Policies = append(out.Policies, pol)
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -303,7 +314,7 @@ func (h *Handler) answer(w http.ResponseWriter, r *http.Request, res service.Res
 	}
 	buf := getBuf()
 	defer putBuf(buf)
-	b := appendDecision((*buf)[:0], res, h.names.names(res.Policy.Name, res.Decision.Limit))
+	b := appendResult((*buf)[:0], res, &h.names, false)
 	b = append(b, '\n')
 	*buf = b
 	writeBody(w, http.StatusOK, b)
@@ -318,6 +329,9 @@ func (h *Handler) errorProblem(r *http.Request, err error) (int, problem) {
 		return http.StatusNotFound, p
 	case errors.Is(err, sluice.ErrRequestIDConflict):
 		p.Title, p.Field = "request ID reused with another cost", "request_id"
+		return http.StatusConflict, p
+	case errors.Is(err, sluice.ErrUnknownRequestID):
+		p.Title, p.Field = "no allowed take of this request ID is remembered", "request_id"
 		return http.StatusConflict, p
 	case errors.Is(err, sluice.ErrInvalidKey):
 		p.Title, p.Field = "invalid key", "key"

@@ -62,5 +62,9 @@ func setFields(h http.Header, res service.Result) {
 		// known, so no RateLimit field would be true.
 		return
 	}
+	if len(res.Parts) > 0 {
+		setPartsFields(h, res)
+		return
+	}
 	httplimit.SetFields(h, res.Policy.Name, res.Decision)
 }
