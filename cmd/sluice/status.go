@@ -64,9 +64,10 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	var st struct {
 		Version  string `json:"version"`
 		Policies []struct {
-			Name   string `json:"name"`
-			Limit  string `json:"limit"`
-			Shadow bool   `json:"shadow"`
+			Name   string   `json:"name"`
+			Limit  string   `json:"limit"`
+			Limits []string `json:"limits"`
+			Shadow bool     `json:"shadow"`
 		} `json:"policies"`
 	}
 	if err := json.Unmarshal(raw, &st); err != nil {
@@ -78,7 +79,11 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		if p.Shadow {
 			shadow = " (shadow)"
 		}
-		fmt.Fprintf(stdout, "  %s: %s%s\n", p.Name, p.Limit, shadow)
+		limit := p.Limit
+		if len(p.Limits) > 1 {
+			limit = strings.Join(p.Limits, " and ") + ", decided together"
+		}
+		fmt.Fprintf(stdout, "  %s: %s%s\n", p.Name, limit, shadow)
 	}
 	return nil
 }
