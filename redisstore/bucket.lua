@@ -124,10 +124,12 @@
 -- of Lua's virtual machine, costs tens of machine instructions. So the
 -- common decision, one take or peek of a bucket stored under the request's
 -- spec or missing, runs first, straight through, with the arithmetic
--- written out in place; the general path after it (request IDs, several
--- takes, a bucket converted to a new limit or stamped after now, and every
--- error message) creates its functions only when it runs. The two paths
--- compute the same transition, and the tests hold both to bucket.Plan.
+-- written out in place, and so, after it, does a multi-take ("all") of such
+-- buckets; the general path after them (request IDs, several takes, a
+-- bucket converted to a new limit or stamped after now, the other
+-- operations, and every error message) creates its functions only when it
+-- runs. The paths compute the same transition, and the tests hold each to
+-- bucket.Plan.
 
 -- Little-endian unsigned integers of 6, 7 and 1 bytes: C, n, n' <= 2^40,
 -- P, p' < 2^45 and tokens <= C fit 6; frac < 2^52 and stamp, ttl < 2^53
