@@ -22,7 +22,7 @@ const testPolicy = "api"
 var testLimit = sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
 
 // TestUnreachable: a database that does not answer is ErrUnavailable from
-// Take, Peek and Sweep, never a denial and never a parameter error.
+// every operation and Sweep, never a denial and never a parameter error.
 func TestUnreachable(t *testing.T) {
 	port, err := freePort()
 	if err != nil {
@@ -53,6 +53,20 @@ func TestUnreachable(t *testing.T) {
 			return s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit})
 		}},
 		{"Sweep", func() (sluice.Decision, error) { _, err := s.Sweep(ctx); return sluice.Decision{}, err }},
+		{"TakeAll", func() (sluice.Decision, error) {
+			md, err := s.TakeAll(ctx, []sluice.Request{{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}})
+			if md.Parts != nil {
+				return sluice.Decision{Allowed: md.Allowed, Remaining: -1}, err
+			}
+			return sluice.Decision{}, err
+		}},
+		{"Drain", func() (sluice.Decision, error) {
+			return s.Drain(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 100, Limit: testLimit})
+		}},
+		{"Refund", func() (sluice.Decision, error) {
+			return s.Refund(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit, RequestID: "r"})
+		}},
+		{"Reset", func() (sluice.Decision, error) { return sluice.Decision{}, s.Reset(ctx, testPolicy, "k") }},
 	}
 	for _, c := range calls {
 		t.Run(c.name, func(t *testing.T) {
@@ -146,7 +160,7 @@ func TestTimeouts(t *testing.T) {
 // TestMisconfigured: a database that answers but is not set up for the
 // store (the schema, a table or a function missing, a schema of an older
 // version, sessions at another isolation level, a role without
-// privileges) is a deployment mistake, not an outage: Take, Peek and
+// privileges) is a deployment mistake, not an outage: every operation and
 // Sweep return an error wrapping sluice.ErrMisconfigured, never
 // sluice.ErrUnavailable, that says what to do, and a retry fails the same
 // way.
@@ -188,7 +202,8 @@ func TestMisconfigured(t *testing.T) {
 		name string
 		new  func(t *testing.T) *pgstore.Store
 		says string
-		// takeOnly: Peek and Sweep are not affected.
+		// takeOnly: only the operations that write are affected, not
+		// Peek and Sweep.
 		takeOnly bool
 	}{
 		{"never migrated", func(t *testing.T) *pgstore.Store {
@@ -200,6 +215,11 @@ func TestMisconfigured(t *testing.T) {
 		{"schema version 2", func(t *testing.T) *pgstore.Store {
 			schema := ownSchema(t)
 			applyOldSchema(t, 2, schema, "b")
+			return unmigrated(t, testPool, schema, "b")
+		}, "run Migrate", false},
+		{"schema version 3", func(t *testing.T) *pgstore.Store {
+			schema := ownSchema(t)
+			applyOldSchema(t, 3, schema, "b")
 			return unmigrated(t, testPool, schema, "b")
 		}, "run Migrate", false},
 		{"functions dropped after use", func(t *testing.T) *pgstore.Store {
@@ -261,10 +281,21 @@ func TestMisconfigured(t *testing.T) {
 					t.Errorf("Take = %+v with the error; want no decision", d)
 				}
 			}
+			// The operations beyond a take run at READ COMMITTED too.
+			md, err := s.TakeAll(ctx, []sluice.Request{r, {Policy: "other", Key: "k", Cost: 1, Limit: testLimit}})
+			check("TakeAll", err)
+			if md.Parts != nil {
+				t.Errorf("TakeAll = %+v with the error; want no decision", md)
+			}
+			_, err = s.Drain(ctx, r)
+			check("Drain", err)
+			_, err = s.Refund(ctx, r)
+			check("Refund", err)
+			check("Reset", s.Reset(ctx, testPolicy, "k"))
 			if tt.takeOnly {
 				return
 			}
-			_, err := s.Peek(ctx, r)
+			_, err = s.Peek(ctx, r)
 			check("Peek", err)
 			_, err = s.Sweep(ctx)
 			check("Sweep", err)
@@ -293,6 +324,18 @@ func TestCanceledContext(t *testing.T) {
 	}
 	if _, err := s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Peek with a canceled context = %v; want %v", err, context.Canceled)
+	}
+	if _, err := s.TakeAll(ctx, []sluice.Request{{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("TakeAll with a canceled context = %v; want %v", err, context.Canceled)
+	}
+	if _, err := s.Drain(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Drain with a canceled context = %v; want %v", err, context.Canceled)
+	}
+	if _, err := s.Refund(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Refund with a canceled context = %v; want %v", err, context.Canceled)
+	}
+	if err := s.Reset(ctx, testPolicy, "k"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Reset with a canceled context = %v; want %v", err, context.Canceled)
 	}
 }
 

@@ -72,6 +72,14 @@ func run(m *testing.M) int {
 		return 1
 	}
 	cfg.MaxConns = 72 // 64 concurrent callers and a few more
+	// The tests create and drop hundreds of stores, each with its own
+	// functions. A session keeps the cached plans of every function it
+	// ran, also after the function is dropped, and every later catalog
+	// change makes it look through all of them: a session that lived
+	// through the whole run would make each new store slower than the
+	// last (tenfold after some hundred stores). Young sessions keep the
+	// run's time linear.
+	cfg.MaxConnLifetime = 10 * time.Second
 	// The tests check decisions, not durability: do not wait for the WAL
 	// to reach the disk at each commit (a crash would lose only the last
 	// commits of a test run).
@@ -181,7 +189,7 @@ func dropFunctions(t testing.TB, schema, table string) {
 	t.Helper()
 	ctx := context.Background()
 	var names []string
-	for _, f := range []string{"_take", "_peek", "_sweep", "_advance", "_wait", "_clock"} {
+	for _, f := range []string{"_take", "_peek", "_take_all", "_refund", "_reset", "_sweep", "_advance", "_wait", "_full_at", "_clock"} {
 		names = append(names, table+f)
 	}
 	rows, err := testPool.Query(ctx, `SELECT p.oid::regprocedure::text FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -85,7 +86,8 @@ func TestMigrateIdempotent(t *testing.T) {
 	for _, want := range []string{
 		"r Buckets fillfactor=75", "r Buckets_request_ids ", "r Buckets_floor ", "i Buckets_pkey ", "i Buckets_full_at_idx ",
 		"i Buckets_request_ids_pkey ", "i Buckets_request_ids_exp_idx ", "i Buckets_floor_pkey ",
-		"comment Buckets sluice pgstore token buckets, schema version 3",
+		"comment Buckets sluice pgstore token buckets, schema version " + strconv.Itoa(pgstore.SchemaVersion),
+		"column " + schema + `."Buckets_request_ids" refunded boolean not null`,
 	} {
 		if !contains(first, want) {
 			t.Errorf("after Migrate, no %q in the catalog:\n%s", want, strings.Join(first, "\n"))
@@ -147,6 +149,7 @@ func applyOldSchema(t *testing.T, v int, schema, table string) {
 		"Version": v, "Schema": pgx.Identifier{schema}.Sanitize(), "Buckets": q(""), "RequestIDs": q("_request_ids"),
 		"FullAtIndex": pgx.Identifier{table + "_full_at_idx"}.Sanitize(), "ExpiresIndex": pgx.Identifier{table + "_request_ids_exp_idx"}.Sanitize(),
 		"Clock": q("_clock"), "Wait": q("_wait"), "Advance": q("_advance"), "Take": q("_take"), "Peek": q("_peek"), "Sweep": q("_sweep"),
+		"Floor": q("_floor"), "FullAt": q("_full_at"),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -311,19 +314,7 @@ func testMigrateFrom(t *testing.T, v int) {
 	exec("REVOKE EXECUTE ON FUNCTION " + oldTake + ", " + oldPeek + " FROM PUBLIC; GRANT EXECUTE ON FUNCTION " + oldTake + ", " + oldPeek + " TO " + r +
 		"; GRANT USAGE ON SCHEMA " + pgx.Identifier{schema}.Sanitize() + " TO " + r +
 		"; GRANT SELECT, INSERT, UPDATE, DELETE ON " + q("") + ", " + q("_request_ids") + " TO " + r)
-	privileges := func(fn string) []string {
-		t.Helper()
-		rows, err := testPool.Query(ctx, `SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_get_userbyid(a.grantee) END || ' ' || a.privilege_type || ' ' || a.is_grantable
-			FROM pg_proc AS p, aclexplode(p.proacl) AS a WHERE p.oid = to_regprocedure($1) AND a.grantee <> p.proowner ORDER BY 1`, fn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		privs, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return privs
-	}
+	privileges := func(fn string) []string { t.Helper(); return functionPrivileges(t, fn) }
 	before := privileges(oldTake)
 	if want := []string{role + " EXECUTE false"}; !cmp.Equal(before, want) || !cmp.Equal(privileges(oldPeek), want) {
 		t.Fatalf("the old take and peek functions' privileges are %q and %q; want %q", before, privileges(oldPeek), want)
@@ -387,7 +378,7 @@ func testMigrateFrom(t *testing.T, v int) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("the schema migrated from version %d is not the one made from nothing (-fresh +migrated):\n%s", v, diff)
 	}
-	for _, fn := range []string{oldTake, oldPeek, newTake, newPeek} {
+	for _, fn := range append([]string{oldTake, oldPeek, newTake, newPeek}, opFunctions(schema, table)...) {
 		if after := privileges(fn); !cmp.Equal(before, after) {
 			t.Errorf("after Migrate, %s has the privileges %q; want those of the old take function, %q", fn, after, before)
 		}
@@ -424,7 +415,10 @@ func testMigrateFrom(t *testing.T, v int) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	decider, err := pgstore.New(ctx, pool, pgstore.Options{Schema: schema, Table: table, SweepInterval: -1})
+	// Generous timeouts: a first call of each function in a session
+	// compiles it, which a busy machine may make slower than the default
+	// statement timeout.
+	decider, err := pgstore.New(ctx, pool, pgstore.Options{Schema: schema, Table: table, SweepInterval: -1, StatementTimeout: time.Minute, LockTimeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,6 +432,7 @@ func testMigrateFrom(t *testing.T, v int) {
 	if _, err := decider.Sweep(ctx); err != nil {
 		t.Fatalf("Sweep as %s after Migrate: %v", role, err)
 	}
+	useOperations(t, decider, role)
 
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate again: %v", err)
@@ -445,8 +440,208 @@ func testMigrateFrom(t *testing.T, v int) {
 	if diff := cmp.Diff(got, catalog(t, schema, table)); diff != "" {
 		t.Errorf("Migrate again changed the catalog (-first +again):\n%s", diff)
 	}
-	for _, fn := range []string{oldTake, oldPeek, newTake, newPeek} {
+	for _, fn := range append([]string{oldTake, oldPeek, newTake, newPeek}, opFunctions(schema, table)...) {
 		if after := privileges(fn); !cmp.Equal(before, after) {
+			t.Errorf("after Migrate again, %s has the privileges %q; want %q", fn, after, before)
+		}
+	}
+}
+
+// functionPrivileges lists the privileges granted on the function fn (a
+// signature) to roles other than its owner.
+func functionPrivileges(t *testing.T, fn string) []string {
+	t.Helper()
+	rows, err := testPool.Query(context.Background(), `SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_get_userbyid(a.grantee) END || ' ' || a.privilege_type || ' ' || a.is_grantable
+		FROM pg_proc AS p, aclexplode(p.proacl) AS a WHERE p.oid = to_regprocedure($1) AND a.grantee <> p.proowner ORDER BY 1`, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	privs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return privs
+}
+
+// opFunctions returns the signatures of the functions of the operations
+// beyond a take (schema version 4) of the store of table in schema.
+func opFunctions(schema, table string) []string {
+	q := func(suffix string) string { return pgx.Identifier{schema, table + suffix}.Sanitize() }
+	return []string{
+		q("_take_all") + "(text[], bytea[], bigint[], bigint[], bigint[], bigint[], bigint[], bigint[], integer, boolean, bigint)",
+		q("_refund") + "(text, bytea, bigint, bigint, bigint, bigint, bigint, bigint, integer, bytea, bigint)",
+		q("_reset") + "(text, bytea, bigint)",
+	}
+}
+
+// useOperations requires s, whose pool connects as role, to be able to
+// make a multi-take, a drain, a refund (with and without a request ID) and
+// a reset.
+func useOperations(t *testing.T, s *pgstore.Store, role string) {
+	t.Helper()
+	ctx := context.Background()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
+	if md, err := s.TakeAll(ctx, []sluice.Request{req(testPolicy, "ops1", 2, l), req(testPolicy, "ops2", 1, l)}); err != nil || !md.Allowed {
+		t.Fatalf("TakeAll as %s = %+v, %v; want allowed", role, md, err)
+	}
+	if d, err := s.Drain(ctx, req(testPolicy, "ops1", 3, l)); err != nil || d.Taken != 3 {
+		t.Fatalf("Drain as %s = %+v, %v; want 3 taken", role, d, err)
+	}
+	if _, err := s.Refund(ctx, req(testPolicy, "ops1", 1, l)); err != nil {
+		t.Fatalf("Refund as %s: %v", role, err)
+	}
+	if _, err := s.Take(ctx, reqID(testPolicy, "ops2", 1, l, "ops")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Refund(ctx, reqID(testPolicy, "ops2", 1, l, "ops")); err != nil {
+		t.Fatalf("Refund of a request ID as %s: %v", role, err)
+	}
+	if err := s.Reset(ctx, testPolicy, "ops1"); err != nil {
+		t.Fatalf("Reset as %s: %v", role, err)
+	}
+}
+
+// TestMigrateFromVersion3: Migrate upgrades a schema of version 3
+// (testdata/schema_v3.sql) in place: the request-ID table gains the
+// refunded mark, false for every record, and the functions of the
+// multi-take (and drain), refund and reset are created with the
+// privileges of the take function; the schema is then the one Migrate
+// makes from nothing. A process of version 3 goes on deciding with its
+// prepared statements (the take function keeps its signature), its request
+// IDs are replayed by this version and can be refunded once, and a role
+// allowed only to decide with version 3 can use every operation.
+func TestMigrateFromVersion3(t *testing.T) {
+	ctx := context.Background()
+	schema, table := ownSchema(t), "Buckets"
+	q := func(suffix string) string { return pgx.Identifier{schema, table + suffix}.Sanitize() }
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := testPool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	fresh, err := pgstore.New(ctx, testPool, pgstore.Options{Schema: schema, Table: table, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	if err := fresh.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate from nothing: %v", err)
+	}
+	want := catalog(t, schema, table)
+	exec("DROP SCHEMA " + pgx.Identifier{schema}.Sanitize() + " CASCADE")
+
+	role := "sluice_test_decider_" + randomHex(4)
+	r := pgx.Identifier{role}.Sanitize()
+	exec("CREATE ROLE " + r)
+	t.Cleanup(func() {
+		testPool.Exec(context.Background(), "DROP OWNED BY "+r+"; DROP ROLE IF EXISTS "+r)
+	})
+	applyOldSchema(t, 3, schema, table)
+	take := q("_take") + "(text, bytea, bigint, bigint, bigint, bigint, bigint, bigint, integer, bytea, bigint, bigint)"
+	peek := q("_peek") + "(text, bytea, bigint, bigint, bigint, bigint, bigint, bigint, integer, bigint)"
+	exec("REVOKE EXECUTE ON FUNCTION " + take + ", " + peek + " FROM PUBLIC; GRANT EXECUTE ON FUNCTION " + take + ", " + peek + " TO " + r +
+		"; GRANT USAGE ON SCHEMA " + pgx.Identifier{schema}.Sanitize() + " TO " + r +
+		"; GRANT SELECT, INSERT, UPDATE, DELETE ON " + q("") + ", " + q("_request_ids") + " TO " + r +
+		"; GRANT SELECT ON " + q("_floor") + " TO " + r)
+	before := functionPrivileges(t, take)
+	if want := []string{role + " EXECUTE false"}; !cmp.Equal(before, want) {
+		t.Fatalf("the take function's privileges are %q; want %q", before, want)
+	}
+
+	// A process of version 3 decides with a prepared statement.
+	conn, err := testPool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	oldDecide := func(cost int64, id string) (status int32, allowed bool, remaining int64) {
+		t.Helper()
+		var retry, reset, c, capacity, tokens, period, wait int64
+		var converted bool
+		var idArg any
+		if id != "" {
+			idArg = []byte(id)
+		}
+		if err := conn.QueryRow(ctx, "SELECT o_status, o_allowed, o_remaining, o_retry_us, o_reset_us, o_cost, o_capacity, o_rate_tokens, o_period_us, o_lock_wait_us, o_converted FROM "+
+			q("_take")+"($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+			testPolicy, []byte("k"), cost, int64(10), int64(1), int64(1e6), int64(1), int64(1e6), int32(0), idArg, int64(300e6), nil).
+			Scan(&status, &allowed, &remaining, &retry, &reset, &c, &capacity, &tokens, &period, &wait, &converted); err != nil {
+			t.Fatalf("a version 3 take: %v", err)
+		}
+		return status, allowed, remaining
+	}
+	if status, allowed, remaining := oldDecide(4, "r"); status != 0 || !allowed || remaining != 6 {
+		t.Fatalf("a version 3 take of 4 from a new bucket of 10 = status %d, %v, %d remaining; want 0, allowed, 6", status, allowed, remaining)
+	}
+
+	s, err := pgstore.New(ctx, testPool, pgstore.Options{Schema: schema, Table: table, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
+	if _, err := s.Take(ctx, reqID(testPolicy, "k", 4, l, "r")); !errors.Is(err, sluice.ErrMisconfigured) || !strings.Contains(err.Error(), "run Migrate") {
+		t.Fatalf("Take on a version 3 schema = %v; want %v saying to run Migrate", err, sluice.ErrMisconfigured)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate from version 3: %v", err)
+	}
+	got := catalog(t, schema, table)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("the schema migrated from version 3 is not the one made from nothing (-fresh +migrated):\n%s", diff)
+	}
+	fns := append([]string{take, peek}, opFunctions(schema, table)...)
+	for _, fn := range fns {
+		if after := functionPrivileges(t, fn); !cmp.Equal(before, after) {
+			t.Errorf("after Migrate, %s has the privileges %q; want those of the take function, %q", fn, after, before)
+		}
+	}
+
+	// The version 3 process's request ID: replayed by it and by this
+	// version, and refunded once.
+	if status, allowed, remaining := oldDecide(4, "r"); status != 1 || !allowed || remaining != 6 {
+		t.Fatalf("a version 3 retry of its request ID after Migrate = status %d, %v, %d remaining; want the replay (1, allowed, 6)", status, allowed, remaining)
+	}
+	if d, err := s.Take(ctx, reqID(testPolicy, "k", 4, l, "r")); err != nil || !d.Replayed || d.Remaining != 6 {
+		t.Fatalf("retry of the version 3 request ID = %+v, %v; want its replay (6 remaining)", d, err)
+	}
+	if d, err := s.Refund(ctx, reqID(testPolicy, "k", 4, l, "r")); err != nil || d.Replayed || d.Taken != -4 {
+		t.Fatalf("refund of the version 3 request ID = %+v, %v; want 4 given back", d, err)
+	}
+	if d, err := s.Refund(ctx, reqID(testPolicy, "k", 4, l, "r")); err != nil || !d.Replayed || d.Taken != 0 {
+		t.Fatalf("second refund of the version 3 request ID = %+v, %v; want a replay giving nothing", d, err)
+	}
+	if status, allowed, _ := oldDecide(1, ""); status != 0 || !allowed {
+		t.Fatalf("a version 3 take after Migrate = status %d, %v; want allowed", status, allowed)
+	}
+
+	cfg := testPool.Config()
+	cfg.MaxConns = 1
+	cfg.ConnConfig.RuntimeParams["role"] = role
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	// Generous timeouts: a first call of each function in a session
+	// compiles it, which a busy machine may make slower than the default
+	// statement timeout.
+	decider, err := pgstore.New(ctx, pool, pgstore.Options{Schema: schema, Table: table, SweepInterval: -1, StatementTimeout: time.Minute, LockTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer decider.Close()
+	useOperations(t, decider, role)
+
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate again: %v", err)
+	}
+	if diff := cmp.Diff(got, catalog(t, schema, table)); diff != "" {
+		t.Errorf("Migrate again changed the catalog (-first +again):\n%s", diff)
+	}
+	for _, fn := range fns {
+		if after := functionPrivileges(t, fn); !cmp.Equal(before, after) {
 			t.Errorf("after Migrate again, %s has the privileges %q; want %q", fn, after, before)
 		}
 	}

@@ -12,6 +12,12 @@
 // decisions equal the in-memory store's exactly for limits whose period is a
 // whole number of microseconds (CheckLimit).
 //
+// The store is a sluice.Operator too, each operation one statement in the
+// same way: TakeAll decides up to sluice.MaxParts buckets all or nothing,
+// locking their rows in the order of (policy, key) so that multi-takes
+// never deadlock; Drain, Refund (which marks the request ID it undoes, so
+// that it undoes it once) and Reset each decide one bucket.
+//
 // A bucket is the row of (policy, key): the policy name and the key are the
 // two columns of the primary key, so two policies never share a bucket or a
 // request ID, and the key is stored as the caller gave it.
@@ -153,20 +159,23 @@ type Options struct {
 // any number of processes may share its tables. Create one with New, apply
 // the schema with Migrate, and stop its sweeper with Close.
 type Store struct {
-	pool      *pgxpool.Pool
-	schema    string
-	names     names
-	migration string
-	takeSQL   string
-	peekSQL   string
-	sweepSQL  string
-	prelude   string // sets the timeouts for one transaction; "" if none
-	timeouts  []any  // the prelude's arguments
-	conv      int32  // Options.OnLimitChange
-	idTTL     int64  // µs
-	now       func() time.Time
-	batch     int32
-	pause     float64 // the SweepPauseRatio; 0: none
+	pool       *pgxpool.Pool
+	schema     string
+	names      names
+	migration  string
+	takeSQL    string
+	peekSQL    string
+	takeAllSQL string
+	refundSQL  string
+	resetSQL   string
+	sweepSQL   string
+	prelude    string // sets the timeouts for one transaction; "" if none
+	timeouts   []any  // the prelude's arguments
+	conv       int32  // Options.OnLimitChange
+	idTTL      int64  // µs
+	now        func() time.Time
+	batch      int32
+	pause      float64 // the SweepPauseRatio; 0: none
 
 	// ready is set once the schema was found to be of SchemaVersion or
 	// later (checkSchema).
@@ -184,6 +193,7 @@ type Store struct {
 
 var (
 	_ sluice.Store        = (*Store)(nil)
+	_ sluice.Operator     = (*Store)(nil)
 	_ sluice.LimitChecker = (*Store)(nil)
 )
 
@@ -256,7 +266,12 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 		migration: migrationSQL(n),
 		takeSQL: "SELECT o_status, o_allowed, o_remaining, o_retry_us, o_reset_us, o_cost, o_capacity, o_rate_tokens, o_period_us, o_lock_wait_us, o_converted FROM " +
 			n.Take + "($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-		peekSQL:  "SELECT o_allowed, o_remaining, o_retry_us, o_reset_us FROM " + n.Peek + "($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10)",
+		peekSQL: "SELECT o_allowed, o_remaining, o_retry_us, o_reset_us FROM " + n.Peek + "($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10)",
+		takeAllSQL: "SELECT o_allowed, o_remaining, o_retry_us, o_reset_us, o_taken, o_lock_wait_us, o_conversions FROM " +
+			n.TakeAll + "($1::text[], $2::bytea[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9, $10, $11)",
+		refundSQL: "SELECT o_status, o_remaining, o_reset_us, o_added, o_cost, o_capacity, o_rate_tokens, o_period_us, o_lock_wait_us, o_converted FROM " +
+			n.Refund + "($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+		resetSQL: "SELECT o_reset FROM " + n.Reset + "($1::text, $2::bytea, $3)",
 		sweepSQL: "SELECT o_buckets, o_request_ids FROM " + n.Sweep + "($1, $2)",
 		conv:     int32(o.OnLimitChange),
 		idTTL:    ceilMicros(o.RequestIDTTL),
@@ -371,19 +386,9 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 		r.Limit.Capacity, r.Limit.Rate.Tokens, int64(r.Limit.Rate.Period/time.Microsecond), int64(p.RefillUnits()), int64(p.Scale()),
 		s.conv, id, s.idTTL, s.nowMicros())
 	if err != nil {
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available
-			s.lockTimeouts.Add(1)
-		}
-		return sluice.Decision{}, s.dbError("take", err)
+		return sluice.Decision{}, s.decisionError("take", err)
 	}
-	if lockWait > 0 {
-		s.lockWaits.Add(1)
-		s.lockWaitMicros.Add(uint64(lockWait))
-	}
-	if converted {
-		s.conversions.Add(1)
-	}
+	s.count(lockWait, one(converted))
 	if status == statusConflict {
 		first := sluice.Limit{Capacity: idCapacity, Rate: sluice.Rate{Tokens: idTokens, Period: time.Duration(idPeriod) * time.Microsecond}}
 		return sluice.Decision{}, fmt.Errorf("%w: request ID %q for this policy and key was first used with cost %d and limit %v, now cost %d and limit %v",
@@ -399,6 +404,36 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 		Limit:      r.Limit,
 		Replayed:   status == statusReplayed,
 	}, nil
+}
+
+// decisionError is dbError for a decision, which counts a lock timeout
+// in Stats.
+func (s *Store) decisionError(op string, err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available
+		s.lockTimeouts.Add(1)
+	}
+	return s.dbError(op, err)
+}
+
+// count adds a decision's wait for row locks (µs) and the buckets it
+// converted to Stats.
+func (s *Store) count(lockWait int64, conversions int32) {
+	if lockWait > 0 {
+		s.lockWaits.Add(1)
+		s.lockWaitMicros.Add(uint64(lockWait))
+	}
+	if conversions > 0 {
+		s.conversions.Add(uint64(conversions))
+	}
+}
+
+// one returns 1 for true, 0 for false.
+func one(b bool) int32 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // The o_status of the take function.

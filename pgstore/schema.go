@@ -13,9 +13,11 @@ import (
 
 // SchemaVersion is the version of the embedded schema that Migrate applies.
 // It is recorded as a comment on the tables. Version 3 keys buckets and
-// request IDs by (policy, key) and adds the sweep floor; Migrate upgrades
-// versions 1 and 2 to it (docs/postgres.md).
-const SchemaVersion = 3
+// request IDs by (policy, key) and adds the sweep floor; version 4 adds the
+// functions of the operations beyond a take (sluice.Operator) and the
+// refunded mark of a request ID. Migrate upgrades versions 1 to 3 to it
+// (docs/postgres.md).
+const SchemaVersion = 4
 
 // Bounds on the names in Options.
 const (
@@ -48,6 +50,9 @@ type names struct {
 	Advance      string
 	Take         string
 	Peek         string
+	TakeAll      string
+	Refund       string
+	Reset        string
 	Sweep        string
 }
 
@@ -67,6 +72,9 @@ func newNames(schema, table string) names {
 		Advance:      q("_advance"),
 		Take:         q("_take"),
 		Peek:         q("_peek"),
+		TakeAll:      q("_take_all"),
+		Refund:       q("_refund"),
+		Reset:        q("_reset"),
 		Sweep:        q("_sweep"),
 	}
 }
@@ -101,9 +109,10 @@ func migrationSQL(n names) string {
 // idempotent and keeps every bucket and request ID; concurrent calls (from
 // several processes) are serialized by a transaction-scoped advisory lock.
 // It runs in one transaction: on error nothing is changed. It upgrades a
-// schema of version 1 or 2, keeping their rows under the policy ” for
-// processes of those versions (docs/postgres.md), and refuses a schema of
-// a later version than SchemaVersion with an error wrapping
+// schema of version 1, 2 or 3, keeping the rows of versions 1 and 2 under
+// the policy ” for processes of those versions (docs/postgres.md), and
+// the take and peek functions of version 3 for its processes, and refuses
+// a schema of a later version than SchemaVersion with an error wrapping
 // sluice.ErrMisconfigured, changing nothing. New never migrates; call
 // Migrate once at deployment or start-up, with a role allowed to create
 // objects in Options.Schema.

@@ -12,6 +12,13 @@
 -- processes of those versions keep deciding on their own buckets while a
 -- deployment rolls over (see docs/postgres.md).
 --
+-- Schema version 4 adds the operations beyond a take: multi-takes and
+-- drains ({{.TakeAll}}), refunds ({{.Refund}}) and resets ({{.Reset}}),
+-- and the refunded mark of a request ID. Migrate upgrades a schema of
+-- version 3 (or older) in place; the take and peek functions keep their
+-- signatures, so processes of version 3 keep deciding while a deployment
+-- rolls over.
+--
 -- Units: time is an integer number of microseconds (µs) since the Unix
 -- epoch; a limit of capacity C and n tokens every P µs is reduced by
 -- g = gcd(n, P) to n' = n/g fraction units added per µs and p' = P/g fraction
@@ -48,6 +55,7 @@ CREATE TABLE IF NOT EXISTS {{.RequestIDs}} (
 	retry_us    bigint  NOT NULL, -- µs; -1: never
 	reset_us    bigint  NOT NULL, -- µs; -1: never
 	expires_at  bigint  NOT NULL, -- µs: forgotten from here on
+	refunded    boolean NOT NULL DEFAULT false, -- a refund with this ID has undone the take (version 4)
 	PRIMARY KEY (policy, key, request_id)
 );
 
@@ -72,6 +80,18 @@ BEGIN
 		EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', v_table, v_pkey);
 		EXECUTE format('ALTER TABLE %s ADD CONSTRAINT %I PRIMARY KEY (%s)', v_table, v_pkey, v_columns);
 	END LOOP;
+END
+$$;
+
+-- Upgrading from schema version 3 or older: their request IDs have no
+-- refunded mark; none of them was refunded. With a constant default this
+-- changes only the catalog, under a short exclusive lock of the table,
+-- which is taken only when the column is missing.
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = '{{.RequestIDs}}'::regclass AND attname = 'refunded' AND NOT attisdropped) THEN
+		ALTER TABLE {{.RequestIDs}} ADD COLUMN refunded boolean NOT NULL DEFAULT false;
+	END IF;
 END
 $$;
 
@@ -445,6 +465,8 @@ BEGIN
 	o_capacity := p_cap;
 	o_rate_tokens := p_rate_tokens;
 	o_period_us := p_period;
+	-- (An expired record of the same ID is replaced, its refunded mark
+	-- too: the new take has not been refunded.)
 	IF p_request_id IS NOT NULL AND o_allowed THEN
 		INSERT INTO {{.RequestIDs}} AS r (policy, key, request_id, cost, capacity, rate_tokens, period_us,
 			allowed, remaining, retry_us, reset_us, expires_at)
@@ -456,7 +478,7 @@ BEGIN
 			rate_tokens = EXCLUDED.rate_tokens, period_us = EXCLUDED.period_us,
 			allowed = EXCLUDED.allowed, remaining = EXCLUDED.remaining,
 			retry_us = EXCLUDED.retry_us, reset_us = EXCLUDED.reset_us,
-			expires_at = EXCLUDED.expires_at;
+			expires_at = EXCLUDED.expires_at, refunded = false;
 	END IF;
 END
 $$;
@@ -490,6 +512,389 @@ BEGIN
 	o_remaining := v_tokens;
 	o_retry_us := {{.Wait}}(v_tokens, v_frac, p_cost, p_n, p_per, v_stamp, v_now);
 	o_reset_us := {{.Wait}}(v_tokens, v_frac, p_cap, p_n, p_per, v_stamp, v_now);
+END
+$$;
+
+-- Which of the functions of the operations beyond a take this migration
+-- creates (rather than replaces), so that they can be given the privileges
+-- of the take function below.
+SELECT set_config('sluice_pgstore.created_ops',
+	CASE WHEN to_regprocedure('{{.TakeAll}}(text[], bytea[], bigint[], bigint[], bigint[], bigint[], bigint[], bigint[], integer, boolean, bigint)') IS NULL THEN 'take_all ' ELSE '' END ||
+	CASE WHEN to_regprocedure('{{.Refund}}(text, bytea, bigint, bigint, bigint, bigint, bigint, bigint, integer, bytea, bigint)') IS NULL THEN 'refund ' ELSE '' END ||
+	CASE WHEN to_regprocedure('{{.Reset}}(text, bytea, bigint)') IS NULL THEN 'reset ' ELSE '' END,
+	true);
+
+-- {{.TakeAll}} decides several buckets together: the whole of
+-- sluice.Operator.TakeAll, or, with p_drain, of Drain (one bucket), for
+-- requests that passed validation in Go, in one statement at READ
+-- COMMITTED. Part i is the bucket (p_policies[i], p_keys[i]), its cost
+-- p_costs[i] and its request's limit p_caps[i], p_rate_tokens[i],
+-- p_periods[i] (reduced to p_ns[i], p_pers[i]); no bucket is named twice.
+--
+-- The parts' rows are locked in the order of (policy, key), whatever the
+-- order of the parts, so that two multi-takes that share buckets never
+-- wait for each other in a cycle. Each row is locked as {{.Take}} locks
+-- its one row: a free row at once, a row another transaction holds after
+-- waiting for it (timed), and a missing bucket by inserting it, with the
+-- level it has if its cost is taken. Once all are locked, every bucket is
+-- brought up to date as a take of it would be (refilled under its own
+-- limit, converted to the request's), and each cost is taken if every
+-- bucket covers its own cost, and none otherwise; with p_drain, each
+-- bucket gives the smaller of its cost and its whole tokens instead, and
+-- a cost may exceed the capacity. Every bucket is written back as a take
+-- of it alone would write it, also when nothing was taken: refilled,
+-- converted, and created full (no earlier than the sweep floor, read after
+-- the inserts, as in {{.Take}}) if it was missing.
+--
+-- Waits are measured from p_now as in {{.Take}}. o_allowed[i] reports
+-- whether bucket i covered its cost (with p_drain: gave all of it),
+-- o_retry_us[i] its own wait when not (-1: never; always so for a drain
+-- larger than the capacity), o_remaining[i] and o_reset_us[i] its level
+-- after the call, o_taken[i] what was taken from it. o_lock_wait_us is the
+-- time waited for the rows' locks, in µs of clock_timestamp(), and
+-- o_conversions the number of buckets converted to another limit.
+CREATE OR REPLACE FUNCTION {{.TakeAll}}(
+	p_policies text[], p_keys bytea[], p_costs bigint[],
+	p_caps bigint[], p_rate_tokens bigint[], p_periods bigint[], p_ns bigint[], p_pers bigint[],
+	p_conversion integer, p_drain boolean, p_now bigint,
+	OUT o_allowed boolean[], OUT o_remaining bigint[], OUT o_retry_us bigint[], OUT o_reset_us bigint[],
+	OUT o_taken bigint[], OUT o_lock_wait_us bigint, OUT o_conversions integer)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+	v_now bigint := coalesce(p_now, {{.Clock}}());
+	v_count integer := cardinality(p_policies);
+	v_i integer;
+	v_t0 timestamptz;
+	v_old record;
+	v_found boolean;
+	v_inserted boolean := false;
+	v_all boolean := true;
+	v_floor bigint;
+	v_tokens bigint;
+	v_frac bigint;
+	v_stamp bigint;
+	v_taken bigint;
+	-- Per part: the level decided on (before any take), the level as the
+	-- row holds it, whether the row was inserted here, and whether the
+	-- bucket was converted.
+	v_dt bigint[] := array_fill(0::bigint, ARRAY[v_count]);
+	v_df bigint[] := array_fill(0::bigint, ARRAY[v_count]);
+	v_ds bigint[] := array_fill(0::bigint, ARRAY[v_count]);
+	v_rt bigint[] := array_fill(0::bigint, ARRAY[v_count]);
+	v_rf bigint[] := array_fill(0::bigint, ARRAY[v_count]);
+	v_rs bigint[] := array_fill(0::bigint, ARRAY[v_count]);
+	v_new boolean[] := array_fill(false, ARRAY[v_count]);
+	v_conv boolean[] := array_fill(false, ARRAY[v_count]);
+BEGIN
+	IF current_setting('transaction_isolation') <> 'read committed' THEN
+		RAISE EXCEPTION 'sluice pgstore: a decision must run at READ COMMITTED, not %', current_setting('transaction_isolation')
+			USING ERRCODE = 'invalid_transaction_state',
+			HINT = 'Use sessions whose default_transaction_isolation is read committed (the default) for the store''s pool.';
+	END IF;
+	o_lock_wait_us := 0;
+	o_conversions := 0;
+	o_allowed := array_fill(false, ARRAY[v_count]);
+	o_remaining := array_fill(0::bigint, ARRAY[v_count]);
+	o_retry_us := array_fill(0::bigint, ARRAY[v_count]);
+	o_reset_us := array_fill(0::bigint, ARRAY[v_count]);
+	o_taken := array_fill(0::bigint, ARRAY[v_count]);
+
+	FOR v_i IN SELECT i FROM generate_subscripts(p_policies, 1) AS i ORDER BY p_policies[i] COLLATE "C", p_keys[i] LOOP
+		LOOP
+			SELECT b.tokens, b.frac, b.stamp, b.capacity, b.rate_tokens, b.period_us
+			INTO v_old
+			FROM {{.Buckets}} AS b WHERE b.policy = p_policies[v_i] AND b.key = p_keys[v_i] FOR UPDATE SKIP LOCKED;
+			v_found := FOUND;
+			IF NOT v_found THEN
+				IF EXISTS (SELECT FROM {{.Buckets}} AS b WHERE b.policy = p_policies[v_i] AND b.key = p_keys[v_i]) THEN
+					v_t0 := clock_timestamp();
+					SELECT b.tokens, b.frac, b.stamp, b.capacity, b.rate_tokens, b.period_us
+					INTO v_old
+					FROM {{.Buckets}} AS b WHERE b.policy = p_policies[v_i] AND b.key = p_keys[v_i] FOR UPDATE;
+					v_found := FOUND;
+					o_lock_wait_us := o_lock_wait_us + greatest((extract(epoch FROM clock_timestamp() - v_t0) * 1000000)::bigint, 0);
+				END IF;
+			END IF;
+			IF v_found THEN
+				SELECT a.o_tokens, a.o_frac, a.o_stamp INTO v_tokens, v_frac, v_stamp
+				FROM {{.Advance}}(v_old.tokens, v_old.frac, v_old.stamp,
+					v_old.capacity, v_old.rate_tokens, v_old.period_us,
+					p_caps[v_i], p_rate_tokens[v_i], p_periods[v_i], p_ns[v_i], p_pers[v_i], p_conversion, v_now) AS a;
+				v_dt[v_i] := v_tokens;
+				v_df[v_i] := v_frac;
+				v_ds[v_i] := v_stamp;
+				v_rt[v_i] := v_old.tokens;
+				v_rf[v_i] := v_old.frac;
+				v_rs[v_i] := v_old.stamp;
+				v_conv[v_i] := p_caps[v_i] <> v_old.capacity OR p_rate_tokens[v_i] <> v_old.rate_tokens OR p_periods[v_i] <> v_old.period_us;
+				EXIT;
+			END IF;
+			-- 1. A missing bucket starts full, stamped now. It covers any
+			-- cost of a take (cost <= capacity), so it is inserted as a
+			-- take leaves it, which is the usual outcome; a denial writes
+			-- it back full below.
+			v_tokens := p_caps[v_i] - least(p_costs[v_i], p_caps[v_i]);
+			v_t0 := clock_timestamp();
+			INSERT INTO {{.Buckets}} AS b (policy, key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at)
+			VALUES (p_policies[v_i], p_keys[v_i], v_tokens, 0, v_now, p_caps[v_i], p_rate_tokens[v_i], p_periods[v_i],
+				{{.FullAt}}(v_tokens, 0, v_now, p_caps[v_i], p_ns[v_i], p_pers[v_i]))
+			ON CONFLICT (policy, key) DO NOTHING;
+			IF FOUND THEN
+				v_dt[v_i] := p_caps[v_i];
+				v_ds[v_i] := v_now;
+				v_rt[v_i] := v_tokens;
+				v_rs[v_i] := v_now;
+				v_new[v_i] := true;
+				v_inserted := true;
+				EXIT;
+			END IF;
+			-- Another request created the bucket after the SELECT: lock it.
+			o_lock_wait_us := o_lock_wait_us + greatest((extract(epoch FROM clock_timestamp() - v_t0) * 1000000)::bigint, 0);
+		END LOOP;
+	END LOOP;
+
+	IF v_inserted THEN
+		-- No bucket is created with a stamp before the sweep floor: see
+		-- {{.Take}}. This statement's snapshot is taken after every insert
+		-- above succeeded.
+		SELECT f.floor_us INTO v_floor FROM {{.Floor}} AS f;
+		IF v_floor > v_now THEN
+			FOR v_i IN 1..v_count LOOP
+				IF v_new[v_i] THEN
+					v_ds[v_i] := v_floor;
+				END IF;
+			END LOOP;
+		END IF;
+	END IF;
+
+	-- 4. Take every cost if every bucket covers its own: frac is less than
+	-- one token and the costs are whole, so that is tokens >= cost.
+	FOR v_i IN 1..v_count LOOP
+		IF v_dt[v_i] < p_costs[v_i] THEN
+			v_all := false;
+		END IF;
+	END LOOP;
+
+	FOR v_i IN 1..v_count LOOP
+		v_tokens := v_dt[v_i];
+		v_frac := v_df[v_i];
+		v_stamp := v_ds[v_i];
+		IF p_drain THEN
+			v_taken := least(p_costs[v_i], v_tokens);
+			o_allowed[v_i] := v_taken = p_costs[v_i];
+		ELSE
+			o_allowed[v_i] := v_tokens >= p_costs[v_i];
+			v_taken := CASE WHEN v_all THEN p_costs[v_i] ELSE 0 END;
+		END IF;
+		v_tokens := v_tokens - v_taken;
+		o_taken[v_i] := v_taken;
+		-- 5. The decision of each bucket, and when it is full again.
+		IF o_allowed[v_i] THEN
+			o_retry_us[v_i] := 0;
+		ELSIF p_costs[v_i] > p_caps[v_i] THEN
+			o_retry_us[v_i] := -1; -- a drain larger than the bucket: no wait covers it
+		ELSE
+			o_retry_us[v_i] := {{.Wait}}(v_tokens, v_frac, p_costs[v_i], p_ns[v_i], p_pers[v_i], v_stamp, v_now);
+		END IF;
+		o_remaining[v_i] := v_tokens;
+		o_reset_us[v_i] := {{.Wait}}(v_tokens, v_frac, p_caps[v_i], p_ns[v_i], p_pers[v_i], v_stamp, v_now);
+		IF v_tokens <> v_rt[v_i] OR v_frac <> v_rf[v_i] OR v_stamp <> v_rs[v_i] OR v_conv[v_i] THEN
+			UPDATE {{.Buckets}} SET
+				tokens = v_tokens, frac = v_frac, stamp = v_stamp,
+				capacity = p_caps[v_i], rate_tokens = p_rate_tokens[v_i], period_us = p_periods[v_i],
+				full_at = {{.FullAt}}(v_tokens, v_frac, v_stamp, p_caps[v_i], p_ns[v_i], p_pers[v_i])
+			WHERE policy = p_policies[v_i] AND key = p_keys[v_i];
+		END IF;
+		IF v_conv[v_i] THEN
+			o_conversions := o_conversions + 1;
+		END IF;
+	END LOOP;
+END
+$$;
+
+-- {{.Refund}} gives p_cost tokens back to the bucket of (p_policy, p_key),
+-- never above the capacity: the whole of sluice.Operator.Refund for a
+-- request that passed validation in Go, in one statement at READ
+-- COMMITTED. The bucket is locked as in {{.Take}} and brought up to date
+-- (refilled, converted); its whole tokens t rise by
+-- a = min(p_cost, capacity - t), and a level that reaches the capacity is
+-- exactly full (its fraction dropped). A bucket that is full at now is
+-- left as it is, unwritten, as a missing one is (which is not created).
+--
+-- With p_request_id, the refund undoes the allowed take remembered for it
+-- (expires_at > now), at most once: o_status 3 if there is none, 2 if
+-- p_cost exceeds its cost or the limit is not its limit (o_cost and the o_
+-- limit columns are then the remembered ones; else they are 0), and
+-- nothing is changed either way; 1 if the record is marked refunded already, which is a
+-- replay that changes nothing; else 0, and the record is marked. The
+-- record's row is locked, and for a missing bucket a row is inserted (and
+-- deleted again before the statement ends) to hold the bucket's lock, so
+-- that a take that creates the bucket and reuses the ID waits for the
+-- refund rather than have it undo the new take without giving its tokens
+-- back.
+--
+-- o_remaining and o_reset_us report the level after the refund, waits
+-- measured from p_now as in {{.Take}}; o_added is a.
+CREATE OR REPLACE FUNCTION {{.Refund}}(
+	p_policy text, p_key bytea, p_cost bigint,
+	p_cap bigint, p_rate_tokens bigint, p_period bigint, p_n bigint, p_per bigint,
+	p_conversion integer, p_request_id bytea, p_now bigint,
+	OUT o_status integer, OUT o_remaining bigint, OUT o_reset_us bigint, OUT o_added bigint,
+	OUT o_cost bigint, OUT o_capacity bigint, OUT o_rate_tokens bigint, OUT o_period_us bigint,
+	OUT o_lock_wait_us bigint, OUT o_converted boolean)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+	v_now bigint := coalesce(p_now, {{.Clock}}());
+	v_t0 timestamptz;
+	v_old record;
+	v_id record;
+	v_found boolean;
+	v_placeholder boolean := false;
+	v_tokens bigint := p_cap;
+	v_frac bigint := 0;
+	v_stamp bigint := v_now;
+BEGIN
+	IF current_setting('transaction_isolation') <> 'read committed' THEN
+		RAISE EXCEPTION 'sluice pgstore: a decision must run at READ COMMITTED, not %', current_setting('transaction_isolation')
+			USING ERRCODE = 'invalid_transaction_state',
+			HINT = 'Use sessions whose default_transaction_isolation is read committed (the default) for the store''s pool.';
+	END IF;
+	o_status := 0;
+	o_remaining := 0;
+	o_reset_us := 0;
+	o_added := 0;
+	o_cost := 0;
+	o_capacity := 0;
+	o_rate_tokens := 0;
+	o_period_us := 0;
+	o_lock_wait_us := 0;
+	o_converted := false;
+	LOOP
+		SELECT b.tokens, b.frac, b.stamp, b.capacity, b.rate_tokens, b.period_us
+		INTO v_old
+		FROM {{.Buckets}} AS b WHERE b.policy = p_policy AND b.key = p_key FOR UPDATE SKIP LOCKED;
+		v_found := FOUND;
+		IF NOT v_found THEN
+			IF EXISTS (SELECT FROM {{.Buckets}} AS b WHERE b.policy = p_policy AND b.key = p_key) THEN
+				v_t0 := clock_timestamp();
+				SELECT b.tokens, b.frac, b.stamp, b.capacity, b.rate_tokens, b.period_us
+				INTO v_old
+				FROM {{.Buckets}} AS b WHERE b.policy = p_policy AND b.key = p_key FOR UPDATE;
+				v_found := FOUND;
+				o_lock_wait_us := o_lock_wait_us + greatest((extract(epoch FROM clock_timestamp() - v_t0) * 1000000)::bigint, 0);
+			END IF;
+		END IF;
+		EXIT WHEN v_found OR p_request_id IS NULL;
+		-- A missing bucket and a request ID: hold the bucket's lock with a
+		-- row of the full bucket, deleted below.
+		v_t0 := clock_timestamp();
+		INSERT INTO {{.Buckets}} AS b (policy, key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at)
+		VALUES (p_policy, p_key, p_cap, 0, v_now, p_cap, p_rate_tokens, p_period, v_now)
+		ON CONFLICT (policy, key) DO NOTHING;
+		IF FOUND THEN
+			v_placeholder := true;
+			EXIT;
+		END IF;
+		o_lock_wait_us := o_lock_wait_us + greatest((extract(epoch FROM clock_timestamp() - v_t0) * 1000000)::bigint, 0);
+	END LOOP;
+
+	IF p_request_id IS NOT NULL THEN
+		SELECT r.cost, r.capacity, r.rate_tokens, r.period_us, r.refunded INTO v_id
+		FROM {{.RequestIDs}} AS r
+		WHERE r.policy = p_policy AND r.key = p_key AND r.request_id = p_request_id AND r.expires_at > v_now
+		FOR UPDATE;
+		IF NOT FOUND THEN
+			o_status := 3;
+		ELSE
+			o_cost := v_id.cost;
+			o_capacity := v_id.capacity;
+			o_rate_tokens := v_id.rate_tokens;
+			o_period_us := v_id.period_us;
+			IF v_id.capacity <> p_cap OR v_id.rate_tokens <> p_rate_tokens OR v_id.period_us <> p_period OR p_cost > v_id.cost THEN
+				o_status := 2;
+			ELSIF v_id.refunded THEN
+				o_status := 1;
+			ELSE
+				UPDATE {{.RequestIDs}} SET refunded = true
+				WHERE policy = p_policy AND key = p_key AND request_id = p_request_id;
+			END IF;
+		END IF;
+	END IF;
+	IF v_placeholder THEN
+		DELETE FROM {{.Buckets}} WHERE policy = p_policy AND key = p_key;
+	END IF;
+	IF o_status >= 2 THEN
+		RETURN;
+	END IF;
+
+	IF v_found THEN
+		SELECT a.o_tokens, a.o_frac, a.o_stamp INTO v_tokens, v_frac, v_stamp
+		FROM {{.Advance}}(v_old.tokens, v_old.frac, v_old.stamp,
+			v_old.capacity, v_old.rate_tokens, v_old.period_us,
+			p_cap, p_rate_tokens, p_period, p_n, p_per, p_conversion, v_now) AS a;
+		-- A bucket that is full at now is left as it is (as a missing one
+		-- is): nothing written, not even the refill.
+		IF o_status = 0 AND v_tokens < p_cap THEN
+			o_converted := p_cap <> v_old.capacity OR p_rate_tokens <> v_old.rate_tokens OR p_period <> v_old.period_us;
+			o_added := least(p_cost, p_cap - v_tokens);
+			v_tokens := v_tokens + o_added;
+			IF v_tokens = p_cap THEN
+				v_frac := 0;
+			END IF;
+			UPDATE {{.Buckets}} SET
+				tokens = v_tokens, frac = v_frac, stamp = v_stamp,
+				capacity = p_cap, rate_tokens = p_rate_tokens, period_us = p_period,
+				full_at = {{.FullAt}}(v_tokens, v_frac, v_stamp, p_cap, p_n, p_per)
+			WHERE policy = p_policy AND key = p_key;
+		END IF;
+	END IF;
+	o_remaining := v_tokens;
+	o_reset_us := {{.Wait}}(v_tokens, v_frac, p_cap, p_n, p_per, v_stamp, v_now);
+END
+$$;
+
+-- {{.Reset}} makes the bucket of (p_policy, p_key) full under the limit it
+-- was last decided under, stamped at p_now or at its stamp if that is
+-- later (time never runs backwards inside a bucket), unless it is full at
+-- that time already: the whole of sluice.Operator.Reset, one statement at
+-- READ COMMITTED that waits for the row's lock. The row is kept rather
+-- than deleted: a later decision whose time is before the stamp still
+-- refills from the stamp, and the sweeper deletes the bucket, full, like
+-- any other. A bucket that is full, or missing, is left as it is; request
+-- IDs are kept. o_reset reports whether the bucket was written.
+CREATE OR REPLACE FUNCTION {{.Reset}}(p_policy text, p_key bytea, p_now bigint, OUT o_reset boolean)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+	v_now bigint := coalesce(p_now, {{.Clock}}());
+	v_old record;
+	v_g bigint;
+	v_tokens bigint;
+	v_stamp bigint;
+BEGIN
+	IF current_setting('transaction_isolation') <> 'read committed' THEN
+		RAISE EXCEPTION 'sluice pgstore: a decision must run at READ COMMITTED, not %', current_setting('transaction_isolation')
+			USING ERRCODE = 'invalid_transaction_state',
+			HINT = 'Use sessions whose default_transaction_isolation is read committed (the default) for the store''s pool.';
+	END IF;
+	o_reset := false;
+	SELECT b.tokens, b.frac, b.stamp, b.capacity, b.rate_tokens, b.period_us
+	INTO v_old
+	FROM {{.Buckets}} AS b WHERE b.policy = p_policy AND b.key = p_key FOR UPDATE;
+	IF NOT FOUND THEN
+		RETURN;
+	END IF;
+	-- Refilled under its own limit (gcd(0, P) = P: n' = 0, p' = 1).
+	v_g := gcd(v_old.rate_tokens, v_old.period_us);
+	SELECT a.o_tokens, a.o_stamp INTO v_tokens, v_stamp
+	FROM {{.Advance}}(v_old.tokens, v_old.frac, v_old.stamp,
+		v_old.capacity, v_old.rate_tokens, v_old.period_us,
+		v_old.capacity, v_old.rate_tokens, v_old.period_us, v_old.rate_tokens / v_g, v_old.period_us / v_g, 0, v_now) AS a;
+	IF v_tokens >= v_old.capacity THEN
+		RETURN;
+	END IF;
+	UPDATE {{.Buckets}} SET tokens = capacity, frac = 0, stamp = v_stamp, full_at = v_stamp
+	WHERE policy = p_policy AND key = p_key;
+	o_reset := true;
 END
 $$;
 
@@ -582,6 +987,41 @@ BEGIN
 	END LOOP;
 	PERFORM set_config('sluice_pgstore.take_acl', '', true);
 	PERFORM set_config('sluice_pgstore.created', '', true);
+END
+$$;
+
+-- The functions of the operations beyond a take that this migration
+-- created (an upgrade from version 3 or older) get the EXECUTE privileges
+-- of the take function, as it has them now, so that a role allowed to
+-- decide can use every operation (PUBLIC's privilege is kept or revoked
+-- as it is on the take function). A take function with the default
+-- privileges leaves them at the default too.
+DO $$
+DECLARE
+	v_created text := current_setting('sluice_pgstore.created_ops', true);
+	v_take regprocedure := '{{.Take}}(text, bytea, bigint, bigint, bigint, bigint, bigint, bigint, integer, bytea, bigint, bigint)'::regprocedure;
+	v_fn record;
+	v_grant record;
+BEGIN
+	IF (SELECT proacl FROM pg_proc WHERE oid = v_take) IS NOT NULL THEN
+		FOR v_fn IN VALUES
+			('take_all', '{{.TakeAll}}(text[], bytea[], bigint[], bigint[], bigint[], bigint[], bigint[], bigint[], integer, boolean, bigint)'::regprocedure),
+			('refund', '{{.Refund}}(text, bytea, bigint, bigint, bigint, bigint, bigint, bigint, integer, bytea, bigint)'::regprocedure),
+			('reset', '{{.Reset}}(text, bytea, bigint)'::regprocedure)
+		LOOP
+			CONTINUE WHEN position(v_fn.column1 || ' ' IN coalesce(v_created, '')) = 0;
+			EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', v_fn.column2);
+			FOR v_grant IN
+				SELECT a.grantee, a.is_grantable FROM pg_proc AS p, aclexplode(p.proacl) AS a
+				WHERE p.oid = v_take AND a.privilege_type = 'EXECUTE'
+			LOOP
+				EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s%s', v_fn.column2,
+					CASE WHEN v_grant.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(v_grant.grantee)) END,
+					CASE WHEN v_grant.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+			END LOOP;
+		END LOOP;
+	END IF;
+	PERFORM set_config('sluice_pgstore.created_ops', '', true);
 END
 $$;
 

@@ -17,8 +17,8 @@ type Swept struct {
 }
 
 // Stats are counters of a Store since New: what its sweeps deleted, how
-// its decisions (Take) waited for bucket row locks, and how many of them
-// converted a bucket to another limit.
+// its decisions (Take, TakeAll, Drain and Refund) waited for bucket row
+// locks, and how many buckets they converted to another limit.
 type Stats struct {
 	// SweptBuckets is the number of full buckets deleted.
 	SweptBuckets uint64
@@ -37,18 +37,23 @@ type Stats struct {
 	// adds nothing, including one that gave up at LockTimeout.
 	LockWaitSeconds float64
 	// LockWaits is the number of decisions that waited at all for a
-	// bucket row lock (a wait of at least 1µs) and then decided.
+	// bucket row lock (a wait of at least 1µs) and then decided. A
+	// multi-take that waited for several of its buckets counts once, with
+	// the sum of its waits in LockWaitSeconds.
 	LockWaits uint64
 	// LockTimeouts is the number of decisions that failed because the lock
 	// timeout (Options.LockTimeout, SQLSTATE 55P03) expired; each returned
 	// an error wrapping sluice.ErrUnavailable. Each of them waited about
 	// LockTimeout, which LockWaitSeconds does not include.
 	LockTimeouts uint64
-	// Conversions is the number of takes (not replays, not peeks) that
-	// found their bucket stored under another limit than the request's and
-	// converted it (Options.OnLimitChange): requests of one policy
-	// arriving with different limits, as when processes disagree on a
-	// policy's limit, or while a changed limit rolls out. A bucket swept
+	// Conversions is the number of buckets that a decision found stored
+	// under another limit than the request's and converted
+	// (Options.OnLimitChange): a take's, each of a multi-take's, a drain's,
+	// a refund's that gave tokens back (not a replay, not a peek, not a
+	// refund to a full bucket, which writes nothing). They come from
+	// requests of one policy arriving with different limits, as when
+	// processes disagree on a policy's limit, or while a changed limit
+	// rolls out. A bucket swept
 	// since its last decision is new again and not counted.
 	Conversions uint64
 }
