@@ -1,7 +1,9 @@
 // Package postgres measures the PostgreSQL store of sluice
 // (github.com/sluicehq/sluice/pgstore): decisions per second with 16
 // concurrent callers, on spread keys and on one hot key, with
-// synchronous_commit on and off. It holds only benchmarks and a smoke test;
+// synchronous_commit on and off (BenchmarkTake), and decisions under two
+// limits at once (TakeAll of two buckets) next to single takes, with 64
+// callers (BenchmarkTwoLimits). It holds only benchmarks and a smoke test;
 // see docs/BENCHMARKS.md for how to run them and for the results.
 //
 // The server is the one at SLUICE_POSTGRES_URL (default
