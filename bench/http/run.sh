@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run.sh measures the HTTP API of `sluice serve` with the memory store: it
-# builds sluice (go build ./cmd/sluice from the repository root) and the load
-# generator (bench/http), and for each round and each mode starts a fresh
+# builds sluice (go build ./cmd/sluice from the repository root; or takes
+# the binaries of SLUICE_BINS) and the load generator (bench/http), and for
+# each round, each mode and each binary starts a fresh
 # `sluice serve` on free loopback ports, waits for /readyz, runs the load
 # generator against it in its own process, and stops the service. It prints
 # each run's report, the CPU time the service, the load generator and all
@@ -19,6 +20,9 @@
 #     (on 2 cores, some 5% more decisions/s than with 2)
 #   WAIT_IDLE [0]: before each run, wait (at most 10 minutes) until the
 #     CPUs were at least that many percent idle over 3 seconds
+#   SLUICE_BINS: instead of building sluice, compare these binaries,
+#     given as "label=path label=path ...": each mode of each round runs
+#     against each of them in turn, and the medians are by label
 #   KEEP=1 keeps the scratch directory (config, service logs).
 #
 # Each run's header gives the load average and the share of the CPUs that
@@ -56,7 +60,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-(cd .. && go build -o "$work/sluice" ./cmd/sluice)
+if [ -z "${SLUICE_BINS:-}" ]; then
+  (cd .. && go build -o "$work/sluice" ./cmd/sluice)
+  SLUICE_BINS="sluice=$work/sluice"
+fi
+for bin in $SLUICE_BINS; do
+  [ -x "${bin#*=}" ] || { echo "run.sh: SLUICE_BINS: ${bin#*=} is not an executable" >&2; exit 1; }
+done
 go build -o "$work/loadgen" ./http
 
 # Port 0 lets the service pick free ports; its banner says which.
@@ -71,10 +81,10 @@ policies:
     limit: "$LIMIT"
 EOF
 
-# start_service starts sluice serve and sets pid and url once /readyz
-# answers 200.
+# start_service starts the sluice binary $1 with serve and sets pid and
+# url once /readyz answers 200.
 start_service() {
-  "$work/sluice" serve -config "$work/sluice.yaml" -watch=false >"$work/serve.out" 2>"$work/serve.err" &
+  "$1" serve -config "$work/sluice.yaml" -watch=false >"$work/serve.out" 2>"$work/serve.err" &
   pid=$!
   url=
   for _ in $(seq 200); do
@@ -135,48 +145,54 @@ hz=$(getconf CLK_TCK)
 : >"$work/results"
 for round in $(seq "$ROUNDS"); do
   for mode in $MODES; do
-    wait_idle
-    echo
-    echo "== round $round, $mode; load average $(cut -d' ' -f1-3 /proc/loadavg), $(idle 1)% idle"
-    start_service
-    busy0=$(busy_ticks)
-    before=$(cpu_ticks "$pid")
-    t0=$EPOCHREALTIME
-    TIMEFORMAT='%3U %3S'
-    { time GOMAXPROCS=$CLIENT_PROCS "$work/loadgen" -url "$url" -policy bench -mode "$mode" -batch "$BATCH" -in-flight "$IN_FLIGHT" \
-      -keys "$KEYS" -duration "$DURATION" -warmup "$WARMUP" -client "$CLIENT" -seed "$round" >"$work/run.out"; } 2>"$work/time.out" ||
-      { cat "$work/run.out" "$work/time.out" >&2; exit 1; }
-    t1=$EPOCHREALTIME
-    after=$(cpu_ticks "$pid")
-    busy1=$(busy_ticks)
-    stop_service
-    cat "$work/run.out"
-    # Over the warm-up and the run: the cores the service, the load
-    # generator and every other process used, and the service's CPU time
-    # per decision (taking the warm-up's rate to be the run's).
-    rate=$(sed -n 's/^result .*decisions\/s=\([0-9]*\).*/\1/p' "$work/run.out")
-    read -r svc per gen others < <(tail -1 "$work/time.out" | awk -v s=$((after - before)) -v b=$((busy1 - busy0)) \
-      -v hz="$hz" -v t0="$t0" -v t1="$t1" -v r="$rate" '{
-        wall = t1 - t0; svc = s / hz; gen = $1 + $2; others = b / hz - svc - gen
-        printf "%.2f %.2f %.2f %.2f\n", svc / wall, svc * 1e6 / (r * wall), gen / wall, (others > 0 ? others : 0) / wall }')
-    echo "CPU      service $svc cores (${per}µs a decision), load generator $gen cores, other processes $others cores, of $(nproc)"
-    sed -n "/^result /s/\$/ service-cores=$svc service-cpu-us=$per other-cores=$others/p" "$work/run.out" >>"$work/results"
+    for bin in $SLUICE_BINS; do
+      label=${bin%%=*}
+      wait_idle
+      echo
+      echo "== round $round, $mode, $label; load average $(cut -d' ' -f1-3 /proc/loadavg), $(idle 1)% idle"
+      start_service "${bin#*=}"
+      busy0=$(busy_ticks)
+      before=$(cpu_ticks "$pid")
+      t0=$EPOCHREALTIME
+      TIMEFORMAT='%3U %3S'
+      { time GOMAXPROCS=$CLIENT_PROCS "$work/loadgen" -url "$url" -policy bench -mode "$mode" -batch "$BATCH" -in-flight "$IN_FLIGHT" \
+        -keys "$KEYS" -duration "$DURATION" -warmup "$WARMUP" -client "$CLIENT" -seed "$round" >"$work/run.out"; } 2>"$work/time.out" ||
+        { cat "$work/run.out" "$work/time.out" >&2; exit 1; }
+      t1=$EPOCHREALTIME
+      after=$(cpu_ticks "$pid")
+      busy1=$(busy_ticks)
+      stop_service
+      cat "$work/run.out"
+      # Over the warm-up and the run: the cores the service, the load
+      # generator and every other process used, and the service's CPU time
+      # per decision (taking the warm-up's rate to be the run's).
+      rate=$(sed -n 's/^result .*decisions\/s=\([0-9]*\).*/\1/p' "$work/run.out")
+      read -r svc per gen others < <(tail -1 "$work/time.out" | awk -v s=$((after - before)) -v b=$((busy1 - busy0)) \
+        -v hz="$hz" -v t0="$t0" -v t1="$t1" -v r="$rate" '{
+          wall = t1 - t0; svc = s / hz; gen = $1 + $2; others = b / hz - svc - gen
+          printf "%.2f %.2f %.2f %.2f\n", svc / wall, svc * 1e6 / (r * wall), gen / wall, (others > 0 ? others : 0) / wall }')
+      echo "CPU      service $svc cores (${per}µs a decision), load generator $gen cores, other processes $others cores, of $(nproc)"
+      sed -n "/^result /s/^result /result label=$label /; /^result /s/\$/ service-cores=$svc service-cpu-us=$per other-cores=$others/p" "$work/run.out" >>"$work/results"
+    done
   done
 done
 
-# The median of each field of the result lines, by mode.
+# The median of each field of the result lines, by binary and mode.
 echo
 echo "== medians of $ROUNDS rounds"
-for mode in $MODES; do
-  grep "mode=$mode " "$work/results" | awk -v mode="$mode" '
-    { for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "mode") continue
-        v = kv[2]; unit = v; sub(/^[0-9.]+/, "", unit); sub(/[^0-9.]+$/, "", v)
-        vals[kv[1], NR] = v; units[kv[1]] = unit; if (NR == 1) order[++n] = kv[1] } }
-    END { line = mode
-      for (j = 1; j <= n; j++) { k = order[j]; m = 0
-        for (r = 1; r <= NR; r++) a[r] = vals[k, r]
-        for (x = 1; x <= NR; x++) for (y = x + 1; y <= NR; y++) if (a[y] + 0 < a[x] + 0) { t = a[x]; a[x] = a[y]; a[y] = t }
-        med = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
-        line = line " " k "=" med units[k] }
-      print line }'
+for bin in $SLUICE_BINS; do
+  label=${bin%%=*}
+  for mode in $MODES; do
+    grep "^result label=$label mode=$mode " "$work/results" | awk -v name="$label $mode" '
+      { for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "mode" || kv[1] == "label") continue
+          v = kv[2]; unit = v; sub(/^[0-9.]+/, "", unit); sub(/[^0-9.]+$/, "", v)
+          vals[kv[1], NR] = v; units[kv[1]] = unit; if (NR == 1) order[++n] = kv[1] } }
+      END { line = name
+        for (j = 1; j <= n; j++) { k = order[j]
+          for (r = 1; r <= NR; r++) a[r] = vals[k, r]
+          for (x = 1; x <= NR; x++) for (y = x + 1; y <= NR; y++) if (a[y] + 0 < a[x] + 0) { t = a[x]; a[x] = a[y]; a[y] = t }
+          med = NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+          line = line " " k "=" med units[k] }
+        print line }'
+  done
 done
