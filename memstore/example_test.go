@@ -112,3 +112,31 @@ func ExampleStore_Refund() {
 	// 10 -4 false
 	// 10 0 true
 }
+
+// Tokens a model generated are known only once the answer is written: the
+// request was allowed on an estimate, and the real count is drained
+// afterwards. A drain takes what is there, down to zero (Allowed says
+// whether all of it was), and the next request waits for the refill.
+func ExampleStore_Drain() {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	store, err := memstore.New(memstore.Options{Now: func() time.Time { return now }})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer store.Close()
+	ctx := context.Background()
+	tokens := sluice.Limit{Capacity: 10000, Rate: sluice.Per(10000, time.Minute)}
+	est := sluice.Request{Policy: "llm-tokens", Key: "team-a", Cost: 500, Limit: tokens}
+	d, _ := store.Take(ctx, est) // the estimate, before the call
+	fmt.Println(d.Allowed, d.Remaining)
+	// The answer used 12,000 tokens: 11,500 more than the estimate.
+	d, _ = store.Drain(ctx, sluice.Request{Policy: "llm-tokens", Key: "team-a", Cost: 11500, Limit: tokens})
+	fmt.Println(d.Allowed, d.Taken, d.Remaining)
+	d, _ = store.Take(ctx, est)
+	fmt.Println(d.Allowed, d.RetryAfter)
+	// Output:
+	// true 9500
+	// false 9500 0
+	// false 3s
+}
