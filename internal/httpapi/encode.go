@@ -72,6 +72,9 @@ func ceilMillis(d time.Duration) int64 {
 
 // appendProblemItem appends a batch result that is the problem p.
 func appendProblemItem(b []byte, p problem) []byte {
+	if p.Type == "" {
+		p.Type = "about:blank"
+	}
 	pb, err := json.Marshal(p)
 	if err != nil { // only strings and ints: cannot happen
 		pb = []byte(`{"type":"about:blank"}`)

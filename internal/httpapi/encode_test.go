@@ -43,6 +43,15 @@ type batchItem struct {
 	Error *problem `json:"error,omitempty"`
 }
 
+// typed is p as every problem is written: with the type about:blank when
+// it names none (RFC 9457 section 4.2.1).
+func typed(p problem) *problem {
+	if p.Type == "" {
+		p.Type = "about:blank"
+	}
+	return &p
+}
+
 func encodeDecision(res service.Result) decisionBody {
 	b := decisionBody{
 		Allowed:      res.Allowed,
@@ -127,7 +136,7 @@ func TestAppendProblemItem(t *testing.T) {
 		{Type: problemReducedCapacity, Title: "t", Status: 503, Policy: "<a>"},
 		{},
 	} {
-		want := mustMarshal(t, batchItem{Error: &p})
+		want := mustMarshal(t, batchItem{Error: typed(p)})
 		if got := appendProblemItem(nil, p); !bytes.Equal(got, want) {
 			t.Errorf("problem item %+v:\n got %s\nwant %s", p, got, want)
 		}
@@ -207,14 +216,14 @@ func TestAnswerBytes(t *testing.T) {
 		}
 		sr, field, err := serviceRequest(dr, true)
 		if err != nil {
-			want.Results = append(want.Results, batchItem{Error: &problem{Title: "invalid request", Status: http.StatusBadRequest, Detail: err.Error(), Field: fmt.Sprintf("requests[%d].%s", i, field)}})
+			want.Results = append(want.Results, batchItem{Error: typed(problem{Title: "invalid request", Status: http.StatusBadRequest, Detail: err.Error(), Field: fmt.Sprintf("requests[%d].%s", i, field)})})
 			continue
 		}
 		res, err := ref.Take(t.Context(), sr)
 		if err != nil {
 			status, p := h.errorProblem(httptest.NewRequest("POST", "/v1/take:batch", nil), err)
 			p.Status = status
-			want.Results = append(want.Results, batchItem{Error: &p})
+			want.Results = append(want.Results, batchItem{Error: typed(p)})
 			continue
 		}
 		body := encodeDecision(res)

@@ -222,8 +222,8 @@ func TestBatch(t *testing.T) {
 	}
 	for i, status := range map[int]float64{1: 404, 4: 400} {
 		p, _ := get(i)["error"].(map[string]any)
-		if p == nil || p["status"] != status {
-			t.Errorf("batch item %d = %v, want an error with status %v", i, get(i), status)
+		if p == nil || p["status"] != status || p["type"] != "about:blank" {
+			t.Errorf("batch item %d = %v, want an error with status %v and type about:blank", i, get(i), status)
 		}
 	}
 	if p := get(4)["error"].(map[string]any); p["field"] != "requests[4].key" {
