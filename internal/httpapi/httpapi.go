@@ -195,7 +195,7 @@ func (h *Handler) decide(w http.ResponseWriter, r *http.Request, take bool) {
 	} else {
 		res, err = h.core.Peek(r.Context(), sr)
 	}
-	h.answer(w, r, res, err)
+	h.answer(w, r, res, err, false)
 }
 
 // batchRequest is the body of /v1/take:batch.
@@ -293,8 +293,9 @@ func serviceRequest(req decisionRequest, take bool) (r service.Request, field st
 	return r, "", nil
 }
 
-// answer writes the decision or the error of one take or peek.
-func (h *Handler) answer(w http.ResponseWriter, r *http.Request, res service.Result, err error) {
+// answer writes the decision or the error of one take, peek, drain or
+// refund; taken adds the tokens taken (drain and refund).
+func (h *Handler) answer(w http.ResponseWriter, r *http.Request, res service.Result, err error, taken bool) {
 	if err != nil {
 		status, p := h.errorProblem(r, err)
 		writeProblem(w, status, p)
@@ -314,7 +315,7 @@ func (h *Handler) answer(w http.ResponseWriter, r *http.Request, res service.Res
 	}
 	buf := getBuf()
 	defer putBuf(buf)
-	b := appendResult((*buf)[:0], res, &h.names, false)
+	b := appendResult((*buf)[:0], res, &h.names, taken)
 	b = append(b, '\n')
 	*buf = b
 	writeBody(w, http.StatusOK, b)

@@ -41,18 +41,7 @@ func (h *Handler) operate(w http.ResponseWriter, r *http.Request, op func(ctx co
 		return
 	}
 	res, err := op(r.Context(), sr)
-	if err != nil {
-		status, p := h.errorProblem(r, err)
-		writeProblem(w, status, p)
-		return
-	}
-	setFields(w.Header(), res)
-	buf := getBuf()
-	defer putBuf(buf)
-	b := appendResult((*buf)[:0], res, &h.names, true)
-	b = append(b, '\n')
-	*buf = b
-	writeBody(w, http.StatusOK, b)
+	h.answer(w, r, res, err, true)
 }
 
 // resetRequest is the body of /v1/reset.
@@ -66,12 +55,9 @@ func (h *Handler) reset(w http.ResponseWriter, r *http.Request) {
 	if !h.decode(w, r, h.maxBody, &req) {
 		return
 	}
-	switch {
-	case req.Policy == "":
-		writeProblem(w, http.StatusBadRequest, problem{Title: "invalid request", Field: "policy", Detail: `"policy" is missing: name the policy of the bucket`})
-		return
-	case req.Key == "":
-		writeProblem(w, http.StatusBadRequest, problem{Title: "invalid request", Field: "key", Detail: `"key" is missing or empty`})
+	// The same checks of policy and key as a take's.
+	if _, field, err := serviceRequest(decisionRequest{Policy: req.Policy, Key: req.Key}, false); err != nil {
+		writeProblem(w, http.StatusBadRequest, problem{Title: "invalid request", Detail: err.Error(), Field: field})
 		return
 	}
 	if _, err := h.core.Reset(r.Context(), req.Policy, req.Key); err != nil {
