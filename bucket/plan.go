@@ -166,10 +166,7 @@ func (p *Plan) Take(s *State, now int64, cost int64, d *sluice.Decision) {
 // the wait until cost tokens are there again, Never if cost exceeds the
 // capacity. cost must be at least 1; it may exceed the capacity.
 func (p *Plan) Drain(s *State, now int64, cost int64, d *sluice.Decision) {
-	var behind uint64
-	if now < s.Stamp {
-		behind = uint64(s.Stamp) - uint64(now)
-	}
+	behind := behindBy(s.Stamp, now)
 	*s = p.Refill(*s, now)
 	taken := min(cost, s.Tokens)
 	s.Tokens -= taken
@@ -193,10 +190,7 @@ func (p *Plan) Drain(s *State, now int64, cost int64, d *sluice.Decision) {
 // (as a missing one is) is left exactly as it was, stamp included, and a
 // store writes nothing for it.
 func (p *Plan) Refund(s *State, now int64, tokens int64, d *sluice.Decision) (changed bool) {
-	var behind uint64
-	if now < s.Stamp {
-		behind = uint64(s.Stamp) - uint64(now)
-	}
+	behind := behindBy(s.Stamp, now)
 	r := p.Refill(*s, now)
 	*d = sluice.Decision{Allowed: true, Remaining: r.Tokens, Limit: p.limit}
 	if r.Tokens >= p.limit.Capacity {
@@ -229,15 +223,21 @@ func (p *Plan) Reset(s *State, now int64) (changed bool) {
 // anything: Allowed tells whether cost tokens are there, RetryAfter is the
 // wait until they are. cost must be in [1, capacity].
 func (p *Plan) Peek(s State, now int64, cost int64) sluice.Decision {
-	var behind uint64
-	if now < s.Stamp {
-		behind = uint64(s.Stamp) - uint64(now)
-	}
+	behind := behindBy(s.Stamp, now)
 	s = p.Refill(s, now)
 	d := sluice.Decision{Allowed: s.Tokens >= cost, Remaining: s.Tokens, Limit: p.limit}
 	d.RetryAfter = p.wait(s.Tokens, s.Frac, cost, behind)
 	d.ResetAfter = p.wait(s.Tokens, s.Frac, p.limit.Capacity, behind)
 	return d
+}
+
+// behindBy returns the ticks a clock reading now is behind a bucket's
+// stamp: zero unless the clock stepped back.
+func behindBy(stamp, now int64) uint64 {
+	if now < stamp {
+		return uint64(stamp) - uint64(now)
+	}
+	return 0
 }
 
 // wait returns the time until the level tokens+frac/per reaches target,
