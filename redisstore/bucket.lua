@@ -238,28 +238,33 @@ local first = redis.pcall('GET', KEYS[1])
 local same = first and #first == 58 and string.find(first, spec, 1, true) == 1
 local C, n, P, n1, p1, conv, least, tokens, frac, stamp =
   struct.unpack(same and BUCKET or SPEC, same and first or spec)
+-- specValid reports whether a spec's numbers are in range for exact
+-- arithmetic. Ranges: C in [1, 2^40], n in [0, 2^40], P in [1, 366 days],
+-- least TTL below 2^53; C * p' < 2^52 (rounding is monotonic, so the
+-- comparison is exact). The reduced rate must be n/P in lowest terms,
+-- since the fraction units of a stored bucket are counted on that grid:
+-- x % y == 0 is exact (see above), and so is Euclid's algorithm.
+local function specValid(C, n, P, n1, p1, conv, least)
+  if not (C >= 1 and C <= 1099511627776 and n <= 1099511627776 and P >= 1 and P <= 31622400000000 and
+      n1 <= n and p1 >= 1 and p1 <= P and conv <= 2 and least < 9007199254740992 and
+      C * p1 < 4503599627370496) then
+    return false
+  end
+  if n == 0 then
+    return n1 == 0 and p1 == 1
+  end
+  if not (n1 > 0 and P % p1 == 0 and n % n1 == 0 and P / p1 == n / n1) then
+    return false
+  end
+  local x, y = n1, p1
+  while y > 0 do
+    x, y = y, x % y
+  end
+  return x == 1
+end
 local specOK = same and op ~= 'takes'
 if not specOK then
-  -- Ranges: C in [1, 2^40], n in [0, 2^40], P in [1, 366 days], least TTL
-  -- below 2^53; C * p' < 2^52 (rounding is monotonic, so the comparison is
-  -- exact). The reduced rate must be n/P in lowest terms, since the
-  -- fraction units of a stored bucket are counted on that grid: x % y == 0
-  -- is exact (see above), and so is Euclid's algorithm.
-  specOK = C >= 1 and C <= 1099511627776 and n <= 1099511627776 and P >= 1 and P <= 31622400000000 and
-    n1 <= n and p1 >= 1 and p1 <= P and conv <= 2 and least < 9007199254740992 and
-    C * p1 < 4503599627370496
-  if specOK then
-    if n == 0 then
-      specOK = n1 == 0 and p1 == 1
-    else
-      specOK = n1 > 0 and P % p1 == 0 and n % n1 == 0 and P / p1 == n / n1
-      local x, y = n1, p1
-      while y > 0 do
-        x, y = y, x % y
-      end
-      specOK = specOK and x == 1
-    end
-  end
+  specOK = specValid(C, n, P, n1, p1, conv, least)
 end
 if not same then
   -- A missing bucket is full, stamped now.
@@ -367,21 +372,7 @@ if now and op == 'all' and specOK and (not first or same and
     if not v then
       -- The spec in full, as the first part's above.
       c, a, p, a1, b1, cv, lt = struct.unpack(SPEC, sp)
-      local good = c >= 1 and c <= 1099511627776 and a <= 1099511627776 and p >= 1 and p <= 31622400000000 and
-        a1 <= a and b1 >= 1 and b1 <= p and cv <= 2 and lt < 9007199254740992 and c * b1 < 4503599627370496
-      if good then
-        if a == 0 then
-          good = a1 == 0 and b1 == 1
-        else
-          good = a1 > 0 and p % b1 == 0 and a % a1 == 0 and p / b1 == a / a1
-          local x, y = a1, b1
-          while y > 0 do
-            x, y = y, x % y
-          end
-          good = good and x == 1
-        end
-      end
-      if not good then
+      if not specValid(c, a, p, a1, b1, cv, lt) then
         ok = false
         break
       end
