@@ -223,13 +223,8 @@ func (r *rig) ticks(d time.Duration) int64 { return int64(d / r.tick) }
 func (r *rig) take(t tb, req sluice.Request) (sluice.Decision, error) {
 	t.Helper()
 	got, err := r.store.Take(r.ctx, req)
-	if req.Validate() == nil {
-		if why := r.refused(req.Limit); why != nil {
-			if !errors.Is(err, sluice.ErrInvalidLimit) {
-				t.Fatalf("Take(%s) at %v = %+v, %v; want error %v (Suite.Supports refuses the limit: %v)", describe(req), r.at(), got, err, sluice.ErrInvalidLimit, why)
-			}
-			return got, err
-		}
+	if r.refusedLimit(t, fmt.Sprintf("Take(%s) at %v", describe(req), r.at()), req.Validate() == nil, req.Limit, got, err) {
+		return got, err
 	}
 	if r.forgettable(req) {
 		// The store may or may not have forgotten the request ID: the
@@ -282,13 +277,8 @@ func (r *rig) peek(t tb, key string, l sluice.Limit) (sluice.Decision, error) {
 func (r *rig) peekReq(t tb, req sluice.Request) (sluice.Decision, error) {
 	t.Helper()
 	got, err := r.store.Peek(r.ctx, req)
-	if req.ValidatePeek() == nil {
-		if why := r.refused(req.Limit); why != nil {
-			if !errors.Is(err, sluice.ErrInvalidLimit) {
-				t.Fatalf("Peek(%s) at %v = %+v, %v; want error %v (Suite.Supports refuses the limit: %v)", describe(req), r.at(), got, err, sluice.ErrInvalidLimit, why)
-			}
-			return got, err
-		}
+	if r.refusedLimit(t, fmt.Sprintf("Peek(%s) at %v", describe(req), r.at()), req.ValidatePeek() == nil, req.Limit, got, err) {
+		return got, err
 	}
 	want, wantErr := r.model.Peek(r.now, req)
 	same(t, fmt.Sprintf("Peek(%s) at %v", describe(req), r.at()), got, err, want, wantErr)
