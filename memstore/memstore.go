@@ -388,7 +388,12 @@ func (s *Store) clock() int64 {
 // at which a bucket just decided at now, with this ResetAfter, is full
 // (waits count from now, even when the bucket's stamp is later).
 func (sh *shard) noteFullAt(now int64, resetAfter time.Duration) {
-	full := fullAt(now, resetAfter)
+	sh.noteFull(fullAt(now, resetAfter))
+}
+
+// noteFull lowers the shard's bounds on the next full bucket to full, the
+// tick at which one of its buckets is full.
+func (sh *shard) noteFull(full int64) {
 	if full < sh.minFull.Load() {
 		sh.minFull.Store(full)
 	}

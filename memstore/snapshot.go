@@ -225,10 +225,7 @@ func (s *Store) ReadSnapshot(r io.Reader, o SnapshotOptions) (int, error) {
 		}
 		s.keys.Add(1)
 		sh.table.insert(tg, entry{key: strings.Clone(r.key), state: r.state, plan: pr}, s.shardBits, s.rehash)
-		if full := r.plan.FullAt(r.state); full < sh.minFull.Load() {
-			sh.minFull.Store(full)
-		}
-		sh.scanMin = min(sh.scanMin, r.plan.FullAt(r.state))
+		sh.noteFull(r.plan.FullAt(r.state))
 	}
 	return len(recs), nil
 }
