@@ -298,7 +298,6 @@ func (c *Core) Drain(ctx context.Context, r Request) (Result, error) {
 	}
 	ds := make([]sluice.Decision, len(p.Limits))
 	for i, q := range parts(p, r) {
-		q.RequestID = r.RequestID // refused by ValidateDrain, with the store's message
 		if ds[i], err = ops.Drain(ctx, q); err != nil {
 			return Result{}, limitErr(p, i, err)
 		}
@@ -323,7 +322,6 @@ func (c *Core) Refund(ctx context.Context, r Request) (Result, error) {
 	}
 	ds := make([]sluice.Decision, len(p.Limits))
 	for i, q := range parts(p, r) {
-		q.RequestID = r.RequestID
 		if ds[i], err = ops.Refund(ctx, q); err != nil {
 			return Result{}, limitErr(p, i, err)
 		}
@@ -382,12 +380,12 @@ func (c *Core) request(r Request) (Policy, sluice.Request, error) {
 	return p, sluice.Request{Policy: p.Name, Key: r.Key, Cost: r.Cost, Limit: p.Limit, RequestID: r.RequestID}, nil
 }
 
-// parts returns the store requests of r under each of p's limits, without
-// request IDs.
+// parts returns the store requests of r under each of p's limits. A take
+// or peek of several limits refuses a request ID before it gets here.
 func parts(p Policy, r Request) []sluice.Request {
 	rs := make([]sluice.Request, len(p.Limits))
 	for i, l := range p.Limits {
-		rs[i] = sluice.Request{Policy: p.Bucket(i), Key: r.Key, Cost: r.Cost, Limit: l}
+		rs[i] = sluice.Request{Policy: p.Bucket(i), Key: r.Key, Cost: r.Cost, Limit: l, RequestID: r.RequestID}
 	}
 	return rs
 }
