@@ -33,14 +33,36 @@ type Config struct {
 	Guard Guard
 	// Policies are the named quotas, in the order of the file.
 	Policies []Policy
+	// Envoy configures Envoy's rate-limit service on the gRPC listener.
+	Envoy Envoy
+}
+
+// Envoy configures the answers to Envoy's rate-limit service
+// (envoy.service.ratelimit.v3), which the gRPC listener always serves.
+type Envoy struct {
+	// Config is the path of a file or directory of envoyproxy/ratelimit
+	// configuration files (every *.yaml and *.yml file of a directory),
+	// read as that service reads them: a domain, its descriptors and their
+	// limits, each descriptor rule becoming a policy of its own. It is
+	// relative to the working directory of the service if not absolute, and
+	// reloaded with the service's own config. Empty: requests are matched
+	// against no rule, and answered OK.
+	Config string
+	// LegacyHeaders adds the RateLimit-Limit, RateLimit-Remaining and
+	// RateLimit-Reset response headers (envoyproxy/ratelimit's names) to
+	// the RateLimit and RateLimit-Policy fields every answer carries.
+	LegacyHeaders bool
 }
 
 // Listen holds the addresses the service listens on, each host:port as
 // net.Listen reads it (an empty host is every interface; port 0 a free port,
-// for tests). A gRPC address is expected to join them.
+// for tests).
 type Listen struct {
 	// HTTP is the address of the HTTP API. Default ":8080".
 	HTTP string
+	// GRPC is the address of the gRPC API: the sluice.v1 service, Envoy's
+	// rate-limit service, health and reflection. Default ":8081".
+	GRPC string
 	// Admin is the address of the metrics, health and admin endpoints.
 	// Default "127.0.0.1:9090": loopback, since these endpoints are not
 	// authenticated; set ":9090" where a scraper or a health checker
@@ -282,6 +304,7 @@ func (c *Config) Policy(name string) (Policy, bool) {
 // Defaults of the fields a file leaves out.
 const (
 	DefaultHTTP          = ":8080"
+	DefaultGRPC          = ":8081"
 	DefaultAdmin         = "127.0.0.1:9090"
 	DefaultRequestIDTTL  = 5 * time.Minute
 	DefaultMaxKeys       = 1 << 20
@@ -289,7 +312,11 @@ const (
 	DefaultRedisPrefix   = "sluice:"
 	DefaultSchema        = "public"
 	DefaultTable         = "sluice_buckets"
-	DefaultTimeout       = 50 * time.Millisecond
+	// DefaultTimeout fits in Envoy's rate-limit filter's default timeout
+	// of 20ms with room for the network and the service: a store slower
+	// than that is decided by the failure mode, which Envoy waiting longer
+	// than its own timeout would not see.
+	DefaultTimeout       = 15 * time.Millisecond
 	DefaultLocalMaxKeys  = 1 << 16
 	DefaultConsecutive   = 5
 	DefaultPercent       = 50
@@ -337,7 +364,7 @@ func clonePolicies(ps []Policy) []Policy {
 // memory store, no policies.
 func base() Config {
 	return Config{
-		Listen: Listen{HTTP: DefaultHTTP, Admin: DefaultAdmin},
+		Listen: Listen{HTTP: DefaultHTTP, GRPC: DefaultGRPC, Admin: DefaultAdmin},
 		Store: Store{
 			Type:          StoreMemory,
 			OnLimitChange: sluice.KeepTokens,

@@ -150,7 +150,7 @@ func TestManyProblems(t *testing.T) {
 	data := []byte(`listen:
   http: 8080
   admin: ":8080"
-  grpc: ":9000"
+  grpcs: ":9000"
 store:
   type: redis
   redis:
@@ -168,7 +168,7 @@ policies:
 `)
 	want := []string{
 		"line 2: listen.http: is the number 8080",
-		"line 4: listen.grpc: is not a known key",
+		"line 4: listen.grpcs: is not a known key",
 		"line 8: store.redis.url: redis://:xxxxx@localhost:99999 has port \"99999\"",
 		"line 9: store.redis.tls: is set with url",
 		"line 11: guard.timeout: is 1m; want a duration from 1ms to 10s",

@@ -32,14 +32,14 @@ func (c *Config) describe(b *strings.Builder) {
 		b.WriteByte('\n')
 	}
 	line("config version %s", c.Version)
-	line("listen:   http %s, admin %s (metrics, health)", c.Listen.HTTP, c.Listen.Admin)
+	line("listen:   http %s, grpc %s, admin %s (metrics, health)", c.Listen.HTTP, c.Listen.GRPC, c.Listen.Admin)
 	switch a := c.Auth; {
 	case a.BearerTokensFile != "":
 		line("auth:     bearer tokens from the file %s", a.BearerTokensFile)
 	case a.BearerTokensEnv != "":
 		line("auth:     bearer tokens from the environment variable %s", a.BearerTokensEnv)
 	default:
-		line("auth:     none: any client that reaches %s may call the API", c.Listen.HTTP)
+		line("auth:     none: any client that reaches %s or %s may call the API", c.Listen.HTTP, c.Listen.GRPC)
 	}
 	s := c.Store
 	switch s.Type {
@@ -83,6 +83,16 @@ func (c *Config) describe(b *strings.Builder) {
 			text += "; shadow: decided and counted, always allowed"
 		}
 		line("  %-*s  %s", width, p.Name, text)
+	}
+	if len(c.Policies) == 0 {
+		line("  (none of its own)")
+	}
+	if e := c.Envoy; e.Config != "" {
+		headers := "RateLimit and RateLimit-Policy"
+		if e.LegacyHeaders {
+			headers += ", and RateLimit-Limit, -Remaining and -Reset"
+		}
+		line("envoy:    rules from %s (envoyproxy/ratelimit format); headers %s", e.Config, headers)
 	}
 }
 
@@ -157,7 +167,10 @@ func breaker(b Breaker) string {
 }
 
 // warnTimeout is the guard timeout above which Warnings speaks.
-const warnTimeout = 100 * time.Millisecond
+const (
+	warnTimeout  = 100 * time.Millisecond
+	envoyTimeout = 20 * time.Millisecond // the default timeout of Envoy's rate-limit filter
+)
 
 // Warnings returns what c allows but is likely not meant, one sentence
 // each, in a fixed order: a guard timeout above 100ms, failure mode open
@@ -171,7 +184,10 @@ func (c *Config) Warnings() []string {
 	var out []string
 	warn := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
 	g := c.Guard
-	if g.Timeout > warnTimeout {
+	if c.Envoy.Config != "" && g.Timeout >= envoyTimeout {
+		warn("guard.timeout is %s, and Envoy's rate-limit filter gives up after 20ms by default: a slow store is then decided by Envoy's failure_mode_deny, not by guard.failure_mode; keep guard.timeout under the filter's timeout",
+			formatDuration(g.Timeout))
+	} else if g.Timeout > warnTimeout {
 		warn("guard.timeout is %s, above %s: callers with shorter deadlines (Envoy's rate-limit filter defaults to 20ms) give up first, so their requests fail instead of being decided by the failure mode, and the breaker does not count those calls",
 			formatDuration(g.Timeout), formatDuration(warnTimeout))
 	}
@@ -196,8 +212,16 @@ func (c *Config) Warnings() []string {
 	if g.Breaker.ConsecutiveFailures == 0 && g.Breaker.FailurePercent == 0 {
 		warn("guard.breaker never opens (consecutive_failures and failure_percent are 0): during an outage every request waits for the store up to guard.timeout")
 	}
-	if !c.Auth.Enabled() && !loopback(c.Listen.HTTP) {
-		warn("auth is not set and listen.http %q accepts connections from the network: any client that reaches it can spend any key's quota, and so deny others", c.Listen.HTTP)
+	var exposed []string
+	for _, l := range []struct{ path, addr string }{{"listen.http", c.Listen.HTTP}, {"listen.grpc", c.Listen.GRPC}} {
+		if !loopback(l.addr) {
+			exposed = append(exposed, fmt.Sprintf("%s %q", l.path, l.addr))
+		}
+	}
+	if !c.Auth.Enabled() && len(exposed) == 1 {
+		warn("auth is not set and %s accepts connections from the network: any client that reaches it can spend any key's quota, and so deny others", exposed[0])
+	} else if !c.Auth.Enabled() && len(exposed) == 2 {
+		warn("auth is not set and %s and %s accept connections from the network: any client that reaches them can spend any key's quota, and so deny others", exposed[0], exposed[1])
 	}
 	for _, p := range c.Policies {
 		if p.Shadow {

@@ -24,6 +24,7 @@
 //	# A sluice serve configuration with every key (docs/config.md).
 //	listen:
 //	  http: ":8080"             # the HTTP API; default ":8080"
+//	  grpc: ":8081"             # sluice.v1 and Envoy's rate-limit service
 //	  admin: "127.0.0.1:9090"   # metrics and health, unauthenticated: loopback
 //	auth:
 //	  # The bearer tokens of the HTTP API, one per line, never in this file;
@@ -48,7 +49,7 @@
 //	  #   schema: public
 //	  #   table: sluice_buckets
 //	guard:
-//	  timeout: 50ms             # of every store call; keep it below the callers'
+//	  timeout: 15ms             # of every store call; keep it below the callers'
 //	  failure_mode: local       # local (the default), closed or open
 //	  local_divisor: 3          # for local: the instances sharing the store
 //	  local_max_keys: 65536
@@ -66,6 +67,11 @@
 //	  export:
 //	    limit: "10 1/h"
 //	    shadow: true            # decided and counted, but always allowed
+//	envoy:
+//	  # envoyproxy/ratelimit config files (a file or a directory), read as
+//	  # they are: each descriptor rule is a policy of its own.
+//	  config: /etc/ratelimit/config
+//	  legacy_headers: false     # also RateLimit-Limit, -Remaining, -Reset
 //
 // Without a config file the service runs DefaultYAML: the in-memory store
 // and the policy "default" of "100 10/s".

@@ -30,15 +30,15 @@ policies:
 	}
 	// Output:
 	// config version 537e1280adf5
-	// listen:   http :8080, admin 127.0.0.1:9090 (metrics, health)
-	// auth:     none: any client that reaches :8080 may call the API
+	// listen:   http :8080, grpc :8081, admin 127.0.0.1:9090 (metrics, health)
+	// auth:     none: any client that reaches :8080 or :8081 may call the API
 	// store:    postgres postgres://sluice:xxxxx@db.internal/sluice, table public.sluice_buckets
 	//           request IDs remembered 5m; on a limit change, keep the level (up to the new capacity)
-	// guard:    timeout 50ms, failure mode closed: deny while the store cannot decide
+	// guard:    timeout 15ms, failure mode closed: deny while the store cannot decide
 	//           breaker opens after 5 failures in a row, or when 50% of at least 10 calls in 1s fail; probes the store every 500ms while open
 	// policies:
 	//   login  5 5/m, 20 20/d (decided together: allowed only if all allow)
-	// warning: auth is not set and listen.http ":8080" accepts connections from the network: any client that reaches it can spend any key's quota, and so deny others
+	// warning: auth is not set and listen.http ":8080" and listen.grpc ":8081" accept connections from the network: any client that reaches them can spend any key's quota, and so deny others
 }
 
 func ExampleParse_problems() {

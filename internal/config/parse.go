@@ -643,13 +643,14 @@ const (
 	wantAddr  = `an address host:port, for example ":8080" or "127.0.0.1:9090"`
 	wantDial  = `an address host:port, for example "10.0.0.1:6379"`
 	wantPath  = `a file path, for example "/etc/sluice/tokens"`
+	wantEnvoyPath = `the path of an envoyproxy/ratelimit config file or directory, for example "/etc/ratelimit/config"`
 	wantEnv   = `the name of an environment variable, for example "SLUICE_TOKENS"`
 	wantName  = `a name`
 	wantURL   = `a URL`
 	wantLimit = `a limit "capacity tokens/period", for example "100 10/s"`
 )
 
-var topFields = []field{{name: "listen"}, {name: "auth"}, {name: "store"}, {name: "guard"}, {name: "policies"}}
+var topFields = []field{{name: "listen"}, {name: "auth"}, {name: "store"}, {name: "guard"}, {name: "policies"}, {name: "envoy"}}
 
 func (p *parser) top(n *yaml.Node, c *Config) {
 	fs := []field{
@@ -658,6 +659,7 @@ func (p *parser) top(n *yaml.Node, c *Config) {
 		{"store", func(path string, v *yaml.Node) { p.store(path, v, &c.Store) }},
 		{"guard", func(path string, v *yaml.Node) { p.guard(path, v, &c.Guard) }},
 		{"policies", func(path string, v *yaml.Node) { p.policies(path, v, c) }},
+		{"envoy", func(path string, v *yaml.Node) { p.envoy(path, v, &c.Envoy) }},
 	}
 	p.fields("", n, fs)
 }
@@ -690,7 +692,19 @@ func (p *parser) setDuration(name string, lo, hi time.Duration, dst *time.Durati
 func (p *parser) listen(path string, n *yaml.Node, l *Listen) {
 	p.fields(path, n, []field{
 		p.setStr("http", wantAddr, &l.HTTP),
+		p.setStr("grpc", wantAddr, &l.GRPC),
 		p.setStr("admin", wantAddr, &l.Admin),
+	})
+}
+
+func (p *parser) envoy(path string, n *yaml.Node, e *Envoy) {
+	p.fields(path, n, []field{
+		p.setStr("config", wantEnvoyPath, &e.Config),
+		{"legacy_headers", func(path string, v *yaml.Node) {
+			if b, ok := p.boolean(path, v); ok {
+				e.LegacyHeaders = b
+			}
+		}},
 	})
 }
 

@@ -53,15 +53,24 @@ func (c *Config) check() []problem {
 	ch.auth(c.Auth)
 	ch.store(&c.Store)
 	ch.guard(c.Guard)
-	ch.policies(c.Policies)
+	ch.policies(c.Policies, c.Envoy.Config != "")
+	ch.envoy(c.Envoy)
 	return ch.problems
 }
 
 func (ch *checker) listen(l Listen) {
-	httpOK := ch.addr("listen.http", l.HTTP, true)
-	adminOK := ch.addr("listen.admin", l.Admin, true)
-	if httpOK && adminOK && sameListener(l.HTTP, l.Admin) {
-		ch.add("listen.admin", nil, []string{"listen.http"}, "%q overlaps listen.http %q (the same port); the two need different ports", l.Admin, l.HTTP)
+	ls := []struct{ path, addr string }{{"listen.http", l.HTTP}, {"listen.grpc", l.GRPC}, {"listen.admin", l.Admin}}
+	ok := make([]bool, len(ls))
+	for i, x := range ls {
+		ok[i] = ch.addr(x.path, x.addr, true)
+	}
+	for i := range ls {
+		for j := range i {
+			if ok[i] && ok[j] && sameListener(ls[i].addr, ls[j].addr) {
+				ch.add(ls[i].path, nil, []string{ls[j].path}, "%q overlaps %s %q (the same port); the two need different ports", ls[i].addr, ls[j].path, ls[j].addr)
+				break
+			}
+		}
 	}
 }
 
@@ -451,8 +460,16 @@ func (ch *checker) guard(g Guard) {
 	ch.duration("guard.breaker.probe_interval", b.ProbeInterval, minProbe, maxProbe)
 }
 
-func (ch *checker) policies(ps []Policy) {
-	if len(ps) == 0 {
+func (ch *checker) envoy(e Envoy) {
+	if e.Config != "" && strings.ContainsRune(e.Config, 0) {
+		ch.errorf("envoy.config", "holds a NUL byte; want %s", wantEnvoyPath)
+	}
+}
+
+// policies checks the named policies; with envoy rules (envoy.config
+// set), a config may have none of its own.
+func (ch *checker) policies(ps []Policy, envoy bool) {
+	if len(ps) == 0 && !envoy {
 		ch.errorf("policies", `no policy is defined; want at least one, for example policies: {api: {limit: "100 10/s"}}`)
 	}
 	seen := map[string]bool{}
