@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/guard"
 	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/envoyconf"
 	"github.com/sluicehq/sluice/internal/service"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/pgstore"
@@ -69,7 +70,11 @@ func build(ctx context.Context, cfg config.Config, reg prometheus.Registerer, lo
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	rt.store = ps
-	table, err := policyTable(rt.store, cfg)
+	rules, err := loadEnvoy(&rt.cfg)
+	if err != nil {
+		return nil, err
+	}
+	table, err := policyTable(rt.store, rt.cfg, rules)
 	if err != nil {
 		return nil, err
 	}
@@ -126,13 +131,46 @@ func (v versionCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(configInfo, prometheus.GaugeValue, 1, version)
 }
 
-// policyTable turns cfg's policies into the core's, checked against store.
-func policyTable(store sluice.Store, cfg config.Config) (*service.Table, error) {
+// policyTable turns cfg's policies, and the policies of the Envoy rules
+// (nil for none), into the core's table, checked against store. A rule
+// that is unlimited or denies everything has no policy: it needs no
+// bucket.
+func policyTable(store sluice.Store, cfg config.Config, rules *envoyconf.Config) (*service.Table, error) {
 	policies := make([]service.Policy, 0, len(cfg.Policies))
 	for _, p := range cfg.Policies {
 		policies = append(policies, service.Policy{Name: p.Name, Limits: p.Limits, Shadow: p.Shadow})
 	}
-	return service.NewTable(store, cfg.Version, policies)
+	if rules == nil {
+		return service.NewTable(store, cfg.Version, policies)
+	}
+	for _, r := range rules.Rules() {
+		if r.Unlimited || r.Deny {
+			continue
+		}
+		policies = append(policies, service.Policy{Name: r.Policy, Limit: r.Limit, Shadow: r.Shadow})
+	}
+	t, err := service.NewTable(store, cfg.Version, policies)
+	if err != nil {
+		return nil, fmt.Errorf("envoy.config %s: %w", cfg.Envoy.Config, err)
+	}
+	return t.WithEnvoy(rules), nil
+}
+
+// loadEnvoy reads the Envoy rules cfg names, nil if it names none, and
+// makes cfg's version that of both: the config file's, "+", the rules'.
+func loadEnvoy(cfg *config.Config) (*envoyconf.Config, error) {
+	if cfg.Envoy.Config == "" {
+		return nil, nil
+	}
+	rules, err := envoyconf.Load(cfg.Envoy.Config)
+	if err != nil {
+		return nil, fmt.Errorf("envoy.config: %w", err)
+	}
+	if err := rules.CheckLimits(exactness(cfg.Store.Type)); err != nil {
+		return nil, fmt.Errorf("envoy.config: %w", err)
+	}
+	cfg.Version += "+" + rules.Version()
+	return rules, nil
 }
 
 // What started a reload.
@@ -155,9 +193,13 @@ func (rt *runtime) reload(path string, log *slog.Logger, trigger string) {
 	}
 	log = log.With("trigger", trigger)
 	cfg, err := config.Load(path)
+	var rules *envoyconf.Config
+	if err == nil {
+		rules, err = loadEnvoy(&cfg)
+	}
 	if err == nil {
 		var table *service.Table
-		if table, err = policyTable(rt.store, cfg); err == nil {
+		if table, err = policyTable(rt.store, cfg, rules); err == nil {
 			if cfg.Version == rt.cfg.Version {
 				if trigger != reloadOnChange {
 					log.Info("reload: config unchanged", "version", cfg.Version)
@@ -168,7 +210,10 @@ func (rt *runtime) reload(path string, log *slog.Logger, trigger string) {
 				log.Warn("reload: these settings change only at the next start", "settings", strings.Join(restart, ", "))
 			}
 			rt.core.SetTable(table)
-			log.Info("reload: new config in use", "version", cfg.Version, "previous", rt.cfg.Version, "policies", len(cfg.Policies))
+			for _, w := range rules.Warnings() {
+				log.Warn("reload: envoy rules", "warning", w)
+			}
+			log.Info("reload: new config in use", "version", cfg.Version, "previous", rt.cfg.Version, "policies", len(table.Policies()))
 			rt.cfg.Policies, rt.cfg.Version = cfg.Policies, cfg.Version
 			return
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/internal/envoyconf"
 	"github.com/sluicehq/sluice/pgstore"
 	"github.com/sluicehq/sluice/redisstore"
 )
@@ -36,12 +37,20 @@ func configCommand(args []string, stdout, stderr io.Writer) error {
 		}
 		return fmt.Errorf("%s is not a valid config", fs.Arg(0))
 	}
-	if _, err := policyTable(exactness(cfg.Store.Type), cfg); err != nil {
+	rules, err := loadEnvoy(&cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return fmt.Errorf("%s is not a valid config", fs.Arg(0))
+	}
+	if _, err := policyTable(exactness(cfg.Store.Type), cfg, rules); err != nil {
 		fmt.Fprintln(stderr, err)
 		return fmt.Errorf("%s is not a valid config", fs.Arg(0))
 	}
 	if err := cfg.Describe(stdout); err != nil {
 		return err
+	}
+	if rules != nil {
+		describeRules(stdout, rules)
 	}
 	for _, w := range cfg.Warnings() {
 		fmt.Fprintln(stdout, "warning:", w)
@@ -60,4 +69,22 @@ func exactness(t config.StoreType) sluice.Store {
 		return (*pgstore.Store)(nil)
 	}
 	return nil
+}
+
+// describeRules writes each Envoy rule with its translation to a token
+// bucket, then how the buckets behave unlike envoyproxy/ratelimit's
+// windows.
+func describeRules(w io.Writer, rules *envoyconf.Config) {
+	rs := rules.Rules()
+	fmt.Fprintf(w, "envoy rules: %d in %d %s\n", len(rs), len(rules.Domains()), plural(len(rules.Domains()), "domain", "domains"))
+	for _, r := range rs {
+		fmt.Fprintf(w, "  %s\n", r.Describe())
+	}
+	for _, warning := range rules.Warnings() {
+		fmt.Fprintln(w, "warning:", warning)
+	}
+	fmt.Fprintln(w, "unlike envoyproxy/ratelimit:")
+	for _, d := range envoyconf.Differences() {
+		fmt.Fprintf(w, "  - %s\n", d)
+	}
 }

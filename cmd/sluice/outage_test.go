@@ -113,6 +113,7 @@ func testOutage(t *testing.T, mode string) {
 	text := fmt.Sprintf(`listen:
   http: "127.0.0.1:0"
   admin: "127.0.0.1:0"
+  grpc: "127.0.0.1:0"
 store:
   type: redis
   redis:

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/httpapi"
@@ -70,6 +71,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer rt.close()
 	rt.path = *path
+	for _, w := range rt.core.Table().Envoy().Warnings() {
+		log.Warn("envoy rules", "warning", w)
+	}
 	if err := loadSnapshot(cfg, rt, log); err != nil {
 		return err
 	}
@@ -101,12 +105,26 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		apiLn.Close()
 		return fmt.Errorf("listen.admin: %w", err)
 	}
+	grpcLn, err := net.Listen("tcp", cfg.Listen.GRPC)
+	if err != nil {
+		apiLn.Close()
+		adminLn.Close()
+		return fmt.Errorf("listen.grpc: %w", err)
+	}
+	gs, err := newGRPCServer(rt, reg, log)
+	if err != nil {
+		apiLn.Close()
+		adminLn.Close()
+		grpcLn.Close()
+		return err
+	}
 	servers := []*http.Server{newServer(api, log), newServer(admin, log)}
 	listeners := []net.Listener{apiLn, adminLn}
-	served := make(chan error, len(servers))
+	served := make(chan error, len(servers)+1)
 	for i, srv := range servers {
 		go func() { served <- srv.Serve(listeners[i]) }()
 	}
+	go func() { served <- gs.srv.Serve(grpcLn) }()
 	// The signals are caught and the watch starts before the banner: a
 	// SIGHUP or a change made once the banner is out is seen.
 	signals := make(chan os.Signal, 1)
@@ -114,7 +132,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer signal.Stop(signals)
 	if *watch && *path != "" {
 		wctx, stopWatch := context.WithCancel(ctx)
-		watched, err := watchConfig(wctx, *path, log, func() { rt.reload(*path, log, reloadOnChange) })
+		var extra []string
+		if cfg.Envoy.Config != "" {
+			extra = append(extra, cfg.Envoy.Config)
+		}
+		watched, err := watchConfig(wctx, *path, log, func() { rt.reload(*path, log, reloadOnChange) }, extra...)
 		if err != nil {
 			// The service runs; SIGHUP still reloads.
 			log.Warn("config file changes are not watched; reload with SIGHUP", "error", err)
@@ -124,7 +146,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	ready.Store(true)
-	announce(stdout, cfg, rt, apiLn.Addr(), adminLn.Addr())
+	gs.setServing(true)
+	announce(stdout, cfg, rt, apiLn.Addr(), grpcLn.Addr(), adminLn.Addr())
 
 	for {
 		select {
@@ -144,13 +167,15 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Readiness drops first, so that load balancers stop sending; the
 	// requests in flight then have the drain time to finish.
 	ready.Store(false)
+	gs.setServing(false)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), *drain)
 	defer cancel()
 	var wg sync.WaitGroup
-	errs := make([]error, len(servers))
+	errs := make([]error, len(servers)+1)
 	for i, srv := range servers {
 		wg.Go(func() { errs[i] = srv.Shutdown(sctx) })
 	}
+	wg.Go(func() { errs[len(servers)] = stopGRPC(sctx, gs.srv) })
 	wg.Wait()
 	// The last decision has been answered (or the drain time is over):
 	// the buckets are written as they are now.
@@ -189,10 +214,28 @@ func readiness(ready *atomic.Bool, rt *runtime) func(context.Context) error {
 	}
 }
 
+// stopGRPC stops srv gracefully, letting the calls in flight finish, and
+// ends the ones still running when ctx ends.
+func stopGRPC(ctx context.Context, srv *grpc.Server) error {
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		srv.Stop()
+		<-done
+		return fmt.Errorf("grpc: calls still running after the drain time were ended: %w", ctx.Err())
+	}
+}
+
 // announce prints where the service listens and how to try it.
-func announce(w io.Writer, cfg config.Config, rt *runtime, api, admin net.Addr) {
-	fmt.Fprintf(w, "sluice: serving the HTTP API on http://%s and metrics on http://%s/metrics\n", api, admin)
+func announce(w io.Writer, cfg config.Config, rt *runtime, api, grpcAddr, admin net.Addr) {
+	fmt.Fprintf(w, "sluice: serving the HTTP API on http://%s, gRPC (sluice.v1, Envoy rate limit) on %s, and metrics on http://%s/metrics\n", api, grpcAddr, admin)
 	fmt.Fprintf(w, "sluice: config %s, %s store, %d %s:\n", describeSource(rt.path), cfg.Store.Type, len(cfg.Policies), plural(len(cfg.Policies), "policy", "policies"))
+	if t := rt.core.Table(); t.Envoy() != nil {
+		fmt.Fprintf(w, "  and %d Envoy %s from %s\n", len(t.Envoy().Rules()), plural(len(t.Envoy().Rules()), "rule", "rules"), cfg.Envoy.Config)
+	}
 	for _, p := range cfg.Policies {
 		limits := make([]string, len(p.Limits))
 		for i, l := range p.Limits {

@@ -21,6 +21,7 @@ import (
 // server is a "sluice serve" running in the test process.
 type server struct {
 	api, admin string // base URLs
+	grpc       string // host:port of the gRPC listener
 	done       chan error
 	stop       context.CancelFunc
 	stderr     *syncBuffer
@@ -43,7 +44,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-var listening = regexp.MustCompile(`serving the HTTP API on http://(\S+) and metrics on http://(\S+)/metrics`)
+var listening = regexp.MustCompile(`serving the HTTP API on http://(\S+), gRPC \(sluice.v1, Envoy rate limit\) on (\S+), and metrics on http://(\S+)/metrics`)
 
 // startServe runs serve with args and waits until it listens.
 func startServe(t *testing.T, args ...string) *server {
@@ -65,7 +66,8 @@ func startServe(t *testing.T, args ...string) *server {
 	if m == nil {
 		t.Fatalf("serve's first line %q does not say where it listens", sc.Text())
 	}
-	s.api, s.admin = "http://"+strings.Replace(m[1], "[::]", "127.0.0.1", 1), "http://"+m[2]
+	s.api, s.admin = "http://"+strings.Replace(m[1], "[::]", "127.0.0.1", 1), "http://"+m[3]
+	s.grpc = strings.Replace(m[2], "[::]", "127.0.0.1", 1)
 	go io.Copy(io.Discard, pr) //nolint:errcheck // the rest of the banner
 	t.Cleanup(func() {
 		stop()
@@ -99,7 +101,7 @@ func get(t *testing.T, url string) (int, string) {
 
 func writeConfig(t *testing.T, path, policies string) {
 	t.Helper()
-	text := "listen:\n  http: \"127.0.0.1:0\"\n  admin: \"127.0.0.1:0\"\npolicies:\n" + policies
+	text := "listen:\n  http: \"127.0.0.1:0\"\n  grpc: \"127.0.0.1:0\"\n  admin: \"127.0.0.1:0\"\npolicies:\n" + policies
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}

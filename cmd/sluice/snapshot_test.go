@@ -10,7 +10,7 @@ import (
 func writeSnapshotConfig(t *testing.T, dir, snapshot string) string {
 	t.Helper()
 	path := filepath.Join(dir, "sluice.yaml")
-	text := "listen:\n  http: \"127.0.0.1:0\"\n  admin: \"127.0.0.1:0\"\nstore:\n  memory:\n    snapshot: " + snapshot +
+	text := "listen:\n  http: \"127.0.0.1:0\"\n  grpc: \"127.0.0.1:0\"\n  admin: \"127.0.0.1:0\"\nstore:\n  memory:\n    snapshot: " + snapshot +
 		"\npolicies:\n  api:\n    limit: \"10 1/h\"\n"
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		t.Fatal(err)

@@ -123,7 +123,7 @@ func serveOn(t *testing.T, n int, store, policies string) []*server {
 	path := filepath.Join(t.TempDir(), "sluice.yaml")
 	// A generous deadline and no failure mode: every answer below is the
 	// store's, never a degraded decision.
-	text := "listen:\n  http: \"127.0.0.1:0\"\n  admin: \"127.0.0.1:0\"\n" + store +
+	text := "listen:\n  http: \"127.0.0.1:0\"\n  grpc: \"127.0.0.1:0\"\n  admin: \"127.0.0.1:0\"\n" + store +
 		"guard:\n  timeout: 5s\n  failure_mode: closed\npolicies:\n" + policies
 	if err := writeFile(path, text); err != nil {
 		t.Fatal(err)

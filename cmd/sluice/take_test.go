@@ -16,7 +16,7 @@ func TestTake(t *testing.T) {
 	t.Setenv("SLUICE_TEST_TOKEN", token)
 	t.Setenv("SLUICE_TEST_WRONG", "wrong-token-0123456789abcdef")
 	path := filepath.Join(t.TempDir(), "sluice.yaml")
-	text := "listen:\n  http: \"127.0.0.1:0\"\n  admin: \"127.0.0.1:0\"\nauth:\n  bearer_tokens_env: SLUICE_TEST_TOKENS\n" +
+	text := "listen:\n  http: \"127.0.0.1:0\"\n  grpc: \"127.0.0.1:0\"\n  admin: \"127.0.0.1:0\"\nauth:\n  bearer_tokens_env: SLUICE_TEST_TOKENS\n" +
 		"policies:\n  api:\n    limit: \"3 1/h\"\n  frozen:\n    limit: \"1 0/s\"\n"
 	if err := writeFile(path, text); err != nil {
 		t.Fatal(err)

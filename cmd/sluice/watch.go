@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -25,18 +27,31 @@ var reloadDebounce = 100 * time.Millisecond
 // compares the file's hash with the config in use, so a change elsewhere in
 // the directory replaces nothing.
 //
+// The directories of extra paths are watched too (the Envoy rules: a
+// directory is watched itself, a file through its directory).
+//
 // It returns once the watch is set up, or an error if it cannot be; the
 // watch then runs on its own goroutine, and done is closed when it stops.
-func watchConfig(ctx context.Context, path string, log *slog.Logger, reload func()) (done <-chan struct{}, err error) {
+func watchConfig(ctx context.Context, path string, log *slog.Logger, reload func(), extra ...string) (done <-chan struct{}, err error) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, fmt.Errorf("watching the config file: %w", err)
 	}
-	dir := filepath.Dir(path)
-	if err := w.Add(dir); err != nil {
-		w.Close()
-		return nil, fmt.Errorf("watching the config file's directory %s: %w", dir, err)
+	dirs := []string{filepath.Dir(path)}
+	for _, p := range extra {
+		if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+			dirs = append(dirs, p)
+		} else {
+			dirs = append(dirs, filepath.Dir(p))
+		}
 	}
+	for _, dir := range dirs {
+		if err := w.Add(dir); err != nil {
+			w.Close()
+			return nil, fmt.Errorf("watching the directory %s: %w", dir, err)
+		}
+	}
+	dir := strings.Join(dirs, ", ")
 	ch := make(chan struct{})
 	go func() {
 		defer close(ch)

@@ -28,7 +28,7 @@ func statusOf(t *testing.T, s *server) (version string, limits map[string]string
 }
 
 func configText(policies string) string {
-	return "listen:\n  http: \"127.0.0.1:0\"\n  admin: \"127.0.0.1:0\"\npolicies:\n" + policies
+	return "listen:\n  http: \"127.0.0.1:0\"\n  grpc: \"127.0.0.1:0\"\n  admin: \"127.0.0.1:0\"\npolicies:\n" + policies
 }
 
 // TestServeReloadOnWrite: a file written in place is reloaded without a

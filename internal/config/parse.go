@@ -640,14 +640,14 @@ func (p *parser) list(path string, v *yaml.Node, want string) ([]string, bool) {
 
 // Descriptions of the values fields want, for messages.
 const (
-	wantAddr  = `an address host:port, for example ":8080" or "127.0.0.1:9090"`
-	wantDial  = `an address host:port, for example "10.0.0.1:6379"`
-	wantPath  = `a file path, for example "/etc/sluice/tokens"`
+	wantAddr      = `an address host:port, for example ":8080" or "127.0.0.1:9090"`
+	wantDial      = `an address host:port, for example "10.0.0.1:6379"`
+	wantPath      = `a file path, for example "/etc/sluice/tokens"`
 	wantEnvoyPath = `the path of an envoyproxy/ratelimit config file or directory, for example "/etc/ratelimit/config"`
-	wantEnv   = `the name of an environment variable, for example "SLUICE_TOKENS"`
-	wantName  = `a name`
-	wantURL   = `a URL`
-	wantLimit = `a limit "capacity tokens/period", for example "100 10/s"`
+	wantEnv       = `the name of an environment variable, for example "SLUICE_TOKENS"`
+	wantName      = `a name`
+	wantURL       = `a URL`
+	wantLimit     = `a limit "capacity tokens/period", for example "100 10/s"`
 )
 
 var topFields = []field{{name: "listen"}, {name: "auth"}, {name: "store"}, {name: "guard"}, {name: "policies"}, {name: "envoy"}}

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/envoyconf"
 )
 
 // ErrUnknownPolicy means a request named a policy the current config does
@@ -63,6 +64,7 @@ type Table struct {
 	version  string
 	policies map[string]Policy
 	names    []string
+	envoy    *envoyconf.Config
 }
 
 // NewTable returns a Table of policies, checked against store: every name
@@ -126,6 +128,19 @@ func NewTable(store sluice.Store, version string, policies []Policy) (*Table, er
 	sort.Strings(t.names)
 	return t, nil
 }
+
+// WithEnvoy returns a copy of t that carries the Envoy rules c, whose
+// policies t must hold: the rules and the policies they decide by are
+// swapped together by SetTable, so that a request is never matched against
+// one config and decided under another.
+func (t *Table) WithEnvoy(c *envoyconf.Config) *Table {
+	u := *t
+	u.envoy = c
+	return &u
+}
+
+// Envoy returns the Envoy rules of the table, nil if it has none.
+func (t *Table) Envoy() *envoyconf.Config { return t.envoy }
 
 // Version returns the version the table was built with.
 func (t *Table) Version() string { return t.version }
@@ -216,6 +231,15 @@ func (c *Core) Table() *Table { return c.table.Load() }
 // under the old one; a bucket whose policy's limit changed is converted
 // lazily by the store on its next take.
 func (c *Core) SetTable(t *Table) { c.table.Store(t) }
+
+// Pin returns a Core that decides under the table in use now, whatever
+// SetTable later sets on c: for an API that reads the table (its Envoy
+// rules) and must decide by the same one.
+func (c *Core) Pin() *Core {
+	p := &Core{store: c.store, hooks: c.hooks}
+	p.table.Store(c.table.Load())
+	return p
+}
 
 // Store returns the store the core decides in.
 func (c *Core) Store() sluice.Store { return c.store }
@@ -439,6 +463,15 @@ func combine(p Policy, ds []sluice.Decision, den int) Result {
 	}
 	res.Decision = d
 	return res
+}
+
+// RecordShadowDenial counts a would-be denial of the shadow policy named
+// policy that an API decided without the core (a rule that denies
+// everything, a cost no bucket of it can cover).
+func (c *Core) RecordShadowDenial(policy string) {
+	if c.hooks.ShadowDenied != nil {
+		c.hooks.ShadowDenied(policy)
+	}
 }
 
 // shadow applies the policy's shadow mode to res: whatever the store (or,
