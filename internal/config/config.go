@@ -41,8 +41,9 @@ type Config struct {
 // (envoy.service.ratelimit.v3), which the gRPC listener always serves.
 type Envoy struct {
 	// Config is the path of a file or directory of envoyproxy/ratelimit
-	// configuration files (every *.yaml and *.yml file of a directory),
-	// read as that service reads them: a domain, its descriptors and their
+	// configuration files (every file of a directory and of its
+	// subdirectories, but those whose names start with a dot), read as
+	// that service reads them: a domain, its descriptors and their
 	// limits, each descriptor rule becoming a policy of its own. It is
 	// relative to the working directory of the service if not absolute, and
 	// reloaded with the service's own config. Empty: requests are matched

@@ -1,6 +1,7 @@
 package envoyconf
 
 import (
+	"strings"
 	"testing"
 )
 
@@ -50,6 +51,8 @@ descriptors:
   - key: any
     value: "*"
     rate_limit: {unit: second, requests_per_unit: 13}
+  - key: user*
+    rate_limit: {unit: second, requests_per_unit: 15}
   - key: deep
     descriptors:
       - key: deeper
@@ -125,6 +128,7 @@ func TestMatch(t *testing.T) {
 		{"key a_b without value matches (a, b)", "d", entries("a", "b"), 11},
 		{"a wildcard can match a longer key", "d", entries("k_ex", "y"), 2},
 		{"a key-only descriptor matches an entry whose key is its text", "d", entries("a_b", "z"), 11},
+		{"a wildcard in a key", "d", entries("username", "x"), 15},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -315,5 +319,42 @@ descriptors:
 	cc, _ := c2.Match("r", entries("c", "1"))
 	if got := Replaced([]*Rule{a, b, u, cc}); !got[0] || !got[1] || got[2] || !got[3] {
 		t.Errorf("Replaced(A, B, unlimited, C) = %v, want [true true false true]", got)
+	}
+}
+
+// TestMatchConcurrent matches from several goroutines at once, for the
+// race detector: a Config is only read.
+func TestMatchConcurrent(t *testing.T) {
+	c := mustParse(t, matchYAML)
+	done := make(chan bool)
+	for g := 0; g < 4; g++ {
+		go func() {
+			ok := true
+			for i := 0; i < 200; i++ {
+				r, found := c.Match("d", entries("parent", "p", "child", "c"))
+				ok = ok && found && r.Key(entries("parent", "p", "child", "c")) != ""
+				_ = c.Rules()
+			}
+			done <- ok
+		}()
+	}
+	for g := 0; g < 4; g++ {
+		if !<-done {
+			t.Error("a concurrent Match failed")
+		}
+	}
+}
+
+func TestDifferences(t *testing.T) {
+	d := Differences()
+	if len(d) < 5 {
+		t.Fatalf("Differences has %d items", len(d))
+	}
+	seen := map[string]bool{}
+	for _, s := range d {
+		if seen[s] || !strings.HasSuffix(s, ".") || strings.Contains(s, "\n") {
+			t.Errorf("difference %q: want one sentence or more, once, on one line", s)
+		}
+		seen[s] = true
 	}
 }

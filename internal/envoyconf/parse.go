@@ -62,15 +62,15 @@ type fileRules struct {
 
 // desc is one descriptor as written.
 type desc struct {
-	path                                  string
-	line                                  int
-	key, value                            string
-	limit                                 *rawLimit
-	children                              []*desc
-	shadow, quota, detailed, valueMetric  bool
-	share                                 bool
-	metadata                              map[string]any
-	bad                                   bool // a problem of its own was reported
+	path                                 string
+	line                                 int
+	key, value                           string
+	limit                                *rawLimit
+	children                             []*desc
+	shadow, quota, detailed, valueMetric bool
+	share                                bool
+	metadata                             map[string]any
+	bad                                  bool // a problem of its own was reported
 }
 
 // rawLimit is a rate_limit block as written.

@@ -66,6 +66,8 @@ type Rule struct {
 	DetailedMetric bool
 	// Metadata is the descriptor's metadata mapping, nil if none: data the
 	// service returns to Envoy as dynamic metadata when a request passes.
+	// Its values are maps of strings, slices, strings, int64, float64,
+	// booleans and nil.
 	Metadata map[string]any
 	// Limit is the Sluice limit of the rule: RequestsPerUnit per Unit is a
 	// bucket of capacity RequestsPerUnit refilled RequestsPerUnit tokens
@@ -88,7 +90,10 @@ type Rule struct {
 	// nodes are the descriptors of Path, for Key; path is the YAML path
 	// of the descriptor, for messages.
 	nodes []*node
-	path  string
+	// override marks an OverrideRule; overrideKey starts its keys.
+	override    bool
+	overrideKey string
+	path        string
 }
 
 // unit is one time unit of the config format.
@@ -136,7 +141,8 @@ func composite(key, value string) string {
 const KeyPrefixHashed = "sha256:"
 
 // Key returns the bucket key, under the rule's Policy, of a request
-// descriptor that Match matched to r: each entry as LEN:KEY=LEN:VALUE
+// descriptor that Match matched to r (entries of another descriptor get a
+// key, but not one that means anything): each entry as LEN:KEY=LEN:VALUE
 // (the lengths in bytes, in decimal), joined with "/". The lengths make
 // the encoding unambiguous whatever the keys and values hold, so that
 // ("a", "b:c") and ("a:b", "c") are two buckets. Every actual value is
@@ -146,8 +152,12 @@ const KeyPrefixHashed = "sha256:"
 // instead of the value, so that every value it matches shares one bucket.
 // An encoding longer than sluice.MaxKeyLen bytes (or an empty one) is
 // replaced by KeyPrefixHashed and the hexadecimal SHA-256 of it.
+//
+// The key of an OverrideRule starts with its limit ("N/PERIODns|"): the
+// overrides of a domain share a policy, and each limit has its own buckets.
 func (r *Rule) Key(entries []Entry) string {
 	var b strings.Builder
+	b.WriteString(r.overrideKey)
 	for i, e := range entries {
 		v := e.Value
 		if i < len(r.nodes) {
@@ -166,7 +176,7 @@ func (r *Rule) Key(entries []Entry) string {
 		b.WriteByte(':')
 		b.WriteString(v)
 	}
-	if b.Len() == 0 || b.Len() > sluice.MaxKeyLen {
+	if b.Len() == len(r.overrideKey) || b.Len() > sluice.MaxKeyLen {
 		sum := sha256.Sum256([]byte(b.String()))
 		return KeyPrefixHashed + hex.EncodeToString(sum[:])
 	}

@@ -29,6 +29,7 @@ func TestYAMLValues(t *testing.T) {
 		{"yes as a value", "value: yes", "yes", 1, false},
 		{"a date as a value", "value: 2024-01-01", "2024-01-01", 1, false},
 		{"an empty value is none", "value: ~", "", 1, false},
+		{"an empty string is none", `value: ""`, "", 1, false},
 		{"a quoted value", `value: "1.5"`, "1.5", 1, false},
 		{"a tagged string", "value: !!str 1.5", "1.5", 1, false},
 	}

@@ -17,6 +17,10 @@
 //     duration_until_reset (waiting cannot help), never an error: Envoy
 //     lets a request through when its rate-limit service fails;
 //   - a shadow rule is decided and its denial counted, but answers OK;
+//   - quota-mode rules fail a request only when every one of its
+//     quota-mode descriptors is over its limit (then nothing is taken);
+//     otherwise each is taken on its own once the rest passed, and one over
+//     its limit answers OK;
 //   - when the store cannot be reached and the failure mode denies, the
 //     call fails with UNAVAILABLE, never a made-up OVER_LIMIT, so that
 //     Envoy's own failure_mode_deny decides; a failure mode's allow is OK
@@ -33,6 +37,7 @@ import (
 	"log/slog"
 	"math"
 	"strconv"
+	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -65,6 +70,7 @@ const (
 	OutcomeOK        Outcome = "ok"         // decided, allowed
 	OutcomeOverLimit Outcome = "over_limit" // decided, denied
 	OutcomeShadow    Outcome = "shadow"     // a shadow rule's would-be denial: OK
+	OutcomeQuota     Outcome = "quota"      // a quota-mode rule over its limit while another is not: OK
 )
 
 // Options configure a Server.
@@ -156,6 +162,18 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: %v", i, err)
 		}
 		it.cost = cost
+		if lo := d.GetLimit(); lo != nil {
+			// The descriptor brings its own limit: it is decided by that
+			// alone, if the domain is one of the rules'.
+			if known {
+				r, err := envoyconf.OverrideRule(req.GetDomain(), lo.GetRequestsPerUnit(), strings.ToLower(lo.GetUnit().String()), lo.GetUnitMultiplier().GetValue())
+				if err != nil {
+					return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: its limit: %v", i, err)
+				}
+				it.rule = r
+			}
+			continue
+		}
 		if rules != nil {
 			if r, ok := rules.Match(req.Domain, it.entries); ok {
 				it.rule = r
@@ -170,7 +188,9 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	// The pre-decided descriptors, and the takes of the rest.
 	var takes []service.Request
-	refused := false // a descriptor is over its limit before any store call
+	var quota []int  // the items of quota-mode rules with a bucket, decided last
+	quotaOver := 0   // how many quota-mode descriptors are over their limits
+	refused := false // a descriptor is over its limit before any take
 	for i := range items {
 		it := &items[i]
 		r := it.rule
@@ -181,33 +201,68 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		case r.Name != "" && replaced[r.Name]:
 			it.outcome = OutcomeReplaced
 			it.status = okStatus()
+			if r.Unlimited {
+				it.status.LimitRemaining = math.MaxUint32
+			}
 		case r.Unlimited:
 			it.outcome = OutcomeUnlimited
 			it.status = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
 		case r.Deny || it.cost > r.Limit.Capacity:
 			it.status = overStatus(r, nil)
-			if r.Shadow {
+			switch {
+			case r.Shadow:
 				it.outcome, it.status.Code = OutcomeShadow, rlsv3.RateLimitResponse_OK
 				core.RecordShadowDenial(r.Policy)
-				continue
+			case r.Quota:
+				it.outcome = OutcomeQuota
+				quota = append(quota, i)
+				quotaOver++
+			default:
+				it.outcome = OutcomeOverLimit
+				refused = true
 			}
-			it.outcome = OutcomeOverLimit
-			refused = true
+		case r.Quota && !r.Shadow:
+			quota = append(quota, i)
 		case it.cost == 0:
 			// Decided below, with a peek.
 		default:
 			it.take = len(takes)
-			takes = append(takes, service.Request{Policy: r.Policy, Key: r.Key(it.entries), Cost: it.cost})
+			takes = append(takes, request(r, it.entries, it.cost))
 		}
 	}
+	// Quota mode: the quota-mode descriptors fail the request only when
+	// every one of them is over its limit. That is known before anything
+	// is taken (a peek of each), so that such a failure takes nothing
+	// either.
+	degraded := false
+	if len(quota) > 0 && !refused {
+		for _, i := range quota {
+			it := &items[i]
+			if it.status != nil {
+				continue
+			}
+			res, err := core.Peek(ctx, request(it.rule, it.entries, max(it.cost, 1)))
+			if err != nil {
+				return nil, s.failure(err)
+			}
+			it.res, it.decided = res, true
+			degraded = degraded || res.Degraded
+			if !res.Allowed {
+				quotaOver++
+			}
+		}
+	}
+	quotaAll := len(quota) > 0 && quotaOver == len(quota)
+	refused = refused || quotaAll
 	var mr service.MultiResult
 	if len(takes) > 0 && !refused {
 		var err error
 		if mr, err = core.TakeAll(ctx, takes); err != nil {
 			return nil, s.failure(err)
 		}
+		degraded = degraded || mr.Degraded
 	}
-	degraded := mr.Degraded
+	passed := !refused && (len(takes) == 0 || mr.Allowed)
 	for i := range items {
 		it := &items[i]
 		switch {
@@ -215,11 +270,30 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			continue
 		case it.take >= 0 && !refused:
 			it.res, it.decided = mr.Results[it.take], true
+		case it.rule.Quota && !it.rule.Shadow:
+			// Taken on its own once the rest passed; its denial alone
+			// does not fail the request (not every quota-mode descriptor
+			// was over).
+			q := request(it.rule, it.entries, max(it.cost, 1))
+			var res service.Result
+			var err error
+			switch {
+			case passed && it.cost > 0:
+				res, err = core.Take(ctx, q)
+			case !it.decided:
+				res, err = core.Peek(ctx, q)
+			default:
+				res = it.res // its peek above
+			}
+			if err != nil {
+				return nil, s.failure(err)
+			}
+			it.res, it.decided = res, true
+			degraded = degraded || res.Degraded
 		default:
 			// A check (cost 0), or a take not made because another
 			// descriptor was over its limit: what a take of it would be.
-			cost := max(it.cost, 1)
-			res, err := core.Peek(ctx, service.Request{Policy: it.rule.Policy, Key: it.rule.Key(it.entries), Cost: cost})
+			res, err := core.Peek(ctx, request(it.rule, it.entries, max(it.cost, 1)))
 			if err != nil {
 				return nil, s.failure(err)
 			}
@@ -238,6 +312,18 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			it.outcome = OutcomeOK
 		default:
 			it.outcome = OutcomeOverLimit
+		}
+	}
+	// A quota-mode descriptor over its limit is OK unless all of them are.
+	for _, i := range quota {
+		it := &items[i]
+		if it.status.Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+			continue
+		}
+		if quotaAll {
+			it.outcome = OutcomeOverLimit
+		} else {
+			it.status.Code, it.outcome = rlsv3.RateLimitResponse_OK, OutcomeQuota
 		}
 	}
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))}
@@ -263,6 +349,15 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 	}
 	return resp, nil
+}
+
+// request is the core's request of a descriptor matched to r.
+func request(r *envoyconf.Rule, entries []envoyconf.Entry, cost int64) service.Request {
+	q := service.Request{Policy: r.Policy, Key: r.Key(entries), Cost: cost}
+	if r.Override() {
+		q.Limit = r.Limit
+	}
+	return q
 }
 
 // hits returns the cost of descriptor d: its own hits_addend if set (0

@@ -12,6 +12,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -55,6 +56,12 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1}
   - key: bulk
     rate_limit: {name: bulk, unit: hour, requests_per_unit: 2}
+  - key: q1
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: q2
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
   - key: bulk_vip
     rate_limit:
       unit: hour
@@ -314,6 +321,60 @@ func TestShadowAndReplaces(t *testing.T) {
 		if want := i < 2; (r.OverallCode == rlsv3.RateLimitResponse_OK) != want {
 			t.Fatalf("bulk alone, take %d: %s (its bucket was not charged while replaced)", i, codesOf(r))
 		}
+	}
+}
+
+// Quota-mode descriptors fail a request only when all of them are over,
+// and then nothing is taken.
+func TestQuotaMode(t *testing.T) {
+	f := start(t, rulesYAML, nil, Options{})
+	ip := desc("remote_address", "10.0.0.9")
+	for i, c := range []struct{ want, ip string }{
+		{"OK [OK OK OK]", "9"},
+		{"OK [OK OK OK]", "8"}, // q1 over, q2 not: q1 answers OK
+		{"OVER_LIMIT [OK OVER_LIMIT OVER_LIMIT]", "8"},
+	} {
+		r := f.ask(t, 0, ip, desc("q1", "a"), desc("q2", "a"))
+		if got := codesOf(r); got != c.want {
+			t.Fatalf("request %d: %s, want %s", i, got, c.want)
+		}
+		if got := fmt.Sprint(r.Statuses[0].LimitRemaining); got != c.ip {
+			t.Fatalf("request %d: the address has %s left, want %s", i, got, c.ip)
+		}
+	}
+	if f.outcomes[4] != OutcomeQuota {
+		t.Fatalf("outcomes %v; want q1's second answer counted as quota", f.outcomes)
+	}
+}
+
+// A descriptor's own limit decides it, whatever the rules say; each limit
+// has its own bucket.
+func TestDescriptorLimitOverride(t *testing.T) {
+	f := start(t, rulesYAML, nil, Options{})
+	over := func(n uint32) *ratelimitv3.RateLimitDescriptor {
+		d := desc("path", "/login")
+		d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: typev3.RateLimitUnit_HOUR}
+		return d
+	}
+	for i, want := range []string{"OK [OK]", "OK [OK]", "OVER_LIMIT [OVER_LIMIT]"} {
+		r := f.ask(t, 0, over(2))
+		if got := codesOf(r); got != want || r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 2 {
+			t.Fatalf("override 2/h, request %d: %v; want %s under 2 per hour", i, r, want)
+		}
+	}
+	for i := range 3 {
+		if r := f.ask(t, 0, over(3)); r.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("override 3/h, request %d: %s; want its own bucket", i, codesOf(r))
+		}
+	}
+	// The config's rule of 1/h has its own bucket still.
+	if r := f.ask(t, 0, desc("path", "/login")); r.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("the rule after the overrides: %s", codesOf(r))
+	}
+	// A domain with no rules: OK, no store call.
+	resp, err := f.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "elsewhere", Descriptors: []*ratelimitv3.RateLimitDescriptor{over(1), over(1)}})
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("an override in an unknown domain: %v, %v; want OK", resp, err)
 	}
 }
 

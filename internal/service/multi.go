@@ -43,12 +43,9 @@ func (c *Core) TakeAll(ctx context.Context, rs []Request) (MultiResult, error) {
 	var enforced []sluice.Request
 	owner := make([]int, 0, len(rs)) // enforced[j] belongs to rs[owner[j]]
 	for i, r := range rs {
-		p, ok := t.Lookup(r.Policy)
-		if !ok {
-			if c.hooks.UnknownPolicy != nil {
-				c.hooks.UnknownPolicy()
-			}
-			return MultiResult{}, fmt.Errorf("request %d: %w: %q", i, ErrUnknownPolicy, r.Policy)
+		p, err := c.lookup(t, r)
+		if err != nil {
+			return MultiResult{}, fmt.Errorf("request %d: %w", i, err)
 		}
 		if r.RequestID != "" {
 			return MultiResult{}, fmt.Errorf("request %d: %w: requests decided together take no request ID", i, sluice.ErrInvalidRequestID)

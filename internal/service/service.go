@@ -169,6 +169,13 @@ type Request struct {
 	Cost int64
 	// RequestID makes a take idempotent (sluice.Request.RequestID).
 	RequestID string
+	// Limit, when not zero, is a limit that comes with the request
+	// instead of from the config, as Envoy's descriptor overrides do: the
+	// request is decided under it in a policy of one limit named Policy,
+	// which the table must not define (so that the config's buckets are
+	// never converted by a request). The caller keeps such buckets apart
+	// per limit, in the key, and bounds the names.
+	Limit sluice.Limit
 }
 
 // Result is a decision of the core.
@@ -394,14 +401,35 @@ func limitErr(p Policy, i int, err error) error {
 }
 
 func (c *Core) request(r Request) (Policy, sluice.Request, error) {
-	p, ok := c.table.Load().Lookup(r.Policy)
+	p, err := c.lookup(c.table.Load(), r)
+	if err != nil {
+		return Policy{}, sluice.Request{}, err
+	}
+	return p, sluice.Request{Policy: p.Name, Key: r.Key, Cost: r.Cost, Limit: p.Limit, RequestID: r.RequestID}, nil
+}
+
+// lookup returns the policy of r in t, or the policy of r's own limit.
+func (c *Core) lookup(t *Table, r Request) (Policy, error) {
+	p, ok := t.Lookup(r.Policy)
+	if r.Limit != (sluice.Limit{}) {
+		if ok {
+			return Policy{}, fmt.Errorf("%w: policy %q is defined by the config; a request that brings its own limit names a policy the config does not define", sluice.ErrInvalidPolicy, r.Policy)
+		}
+		if err := sluice.ValidatePolicy(r.Policy); err != nil {
+			return Policy{}, err
+		}
+		if err := sluice.CheckLimit(c.store, r.Limit); err != nil {
+			return Policy{}, err
+		}
+		return Policy{Name: r.Policy, Limit: r.Limit, Limits: []sluice.Limit{r.Limit}, buckets: []string{r.Policy}}, nil
+	}
 	if !ok {
 		if c.hooks.UnknownPolicy != nil {
 			c.hooks.UnknownPolicy()
 		}
-		return Policy{}, sluice.Request{}, fmt.Errorf("%w: %q", ErrUnknownPolicy, r.Policy)
+		return Policy{}, fmt.Errorf("%w: %q", ErrUnknownPolicy, r.Policy)
 	}
-	return p, sluice.Request{Policy: p.Name, Key: r.Key, Cost: r.Cost, Limit: p.Limit, RequestID: r.RequestID}, nil
+	return p, nil
 }
 
 // parts returns the store requests of r under each of p's limits. A take
