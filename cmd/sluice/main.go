@@ -6,10 +6,11 @@
 //	sluice status [-server URL] [-token-env VAR] [-json]
 //	sluice migrate -config sluice.yaml
 //	sluice config check sluice.yaml
-//	sluice simulate -limit "10 1/s" [-summary] < trace
+//	sluice simulate -limit "10 1/s" [-compare LIMIT | -compare-fixed-window] [-svg DIR] [-json] [TRACE]
 //
 // serve runs the service: the HTTP JSON API (docs/service.md) on
-// listen.http and Prometheus metrics on listen.admin, deciding in the
+// listen.http, the gRPC API and Envoy's rate-limit service (docs/envoy.md)
+// on listen.grpc, and Prometheus metrics on listen.admin, deciding in the
 // configured store behind a failure mode and a circuit breaker. Without a
 // config it runs the in-memory store and the policy "default" of "100 10/s".
 // SIGHUP, and a change of the config file (its directory is watched, so a
@@ -34,13 +35,11 @@
 // config check validates a config file (docs/config.md) and prints what
 // it would run, with warnings; it exits 2 if the file is not valid.
 //
-// simulate replays a trace through the in-memory store under a proposed
-// limit and prints every decision, so a limit can be tried on recorded
-// traffic before it is deployed. A trace line is "offset key [cost]": the
-// offset is a duration since the start of the trace (for example 0s, 150ms,
-// 2m), lines may come in any order of offsets (an earlier offset than the
-// last is a clock step backwards, which refills nothing), the cost defaults
-// to 1, and blank lines and lines starting with # are skipped.
+// simulate replays a trace (a file, stdin, or -generate) under proposed
+// limits, a config's policy or an Envoy rule, decided as serve decides
+// them, and reports per key what was allowed and denied; beside a second
+// limit or envoyproxy/ratelimit's fixed window it lists the requests
+// decided differently. See docs/choosing-a-limit.md.
 package main
 
 import (
@@ -68,12 +67,12 @@ func main() {
 const usage = `usage: sluice <command> [flags]
 
 commands:
-  serve          run the rate-limit service (HTTP JSON API, metrics)
+  serve          run the rate-limit service (HTTP JSON and gRPC APIs, Envoy's rate-limit service, metrics)
   take           take from a bucket of a running service (exit 0 allowed, 1 denied, 2 error)
   status         the config version and policies of a running service
   migrate        create or upgrade the PostgreSQL schema of a config's store
   config check   validate a config file and print what it would run
-  simulate       replay a trace of requests under a proposed limit
+  simulate       try a limit on a recorded or generated trace before deploying it
 
 Run "sluice <command> -h" for a command's flags.`
 

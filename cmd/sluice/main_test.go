@@ -38,7 +38,7 @@ func TestRunErrors(t *testing.T) {
 		{[]string{"frobnicate"}, "", `"frobnicate"`},
 		{[]string{"simulate"}, "", "-limit"},
 		{[]string{"simulate", "-limit", "0 1/s"}, "", "capacity 0 is outside"},
-		{[]string{"simulate", "-limit", "3 1/s", "extra"}, "", "no arguments"},
+		{[]string{"simulate", "-limit", "3 1/s", "extra"}, "", "open extra"},
 		{[]string{"simulate", "-limit", "3 1/s"}, "soon alice\n", `offset "soon"`},
 		{[]string{"simulate", "-limit", "3 1/s"}, "1s alice many\n", `cost "many"`},
 		{[]string{"simulate", "-limit", "3 1/s"}, "1s\n", "not \"offset key [cost]\""},
