@@ -7,6 +7,7 @@
 //	sluice migrate -config sluice.yaml
 //	sluice config check sluice.yaml
 //	sluice simulate -limit "10 1/s" [-compare LIMIT | -compare-fixed-window] [-svg DIR] [-json] [TRACE]
+//	sluice loadgen [-target URL] [-policy P] [-concurrency N | -rate R] [-duration D] [-count N] [-json]
 //
 // serve runs the service: the HTTP JSON API (docs/service.md) on
 // listen.http, the gRPC API and Envoy's rate-limit service (docs/envoy.md)
@@ -40,6 +41,13 @@
 // them, and reports per key what was allowed and denied; beside a second
 // limit or envoyproxy/ratelimit's fixed window it lists the requests
 // decided differently. See docs/choosing-a-limit.md.
+//
+// loadgen sends load to a running service (HTTP, sluice.v1 gRPC, or Envoy's
+// rate-limit service) or to a store directly, in a closed loop or at a
+// target rate with latencies measured from each request's due time, and
+// reports decisions/s, allowed and denied, errors and latency percentiles.
+// It refuses a host that is not loopback unless -allow-remote. See
+// docs/loadgen.md.
 package main
 
 import (
@@ -73,6 +81,7 @@ commands:
   migrate        create or upgrade the PostgreSQL schema of a config's store
   config check   validate a config file and print what it would run
   simulate       try a limit on a recorded or generated trace before deploying it
+  loadgen        send load to a running service or a store; report decisions and latency
 
 Run "sluice <command> -h" for a command's flags.`
 
@@ -97,6 +106,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return configCommand(args[1:], stdout, stderr)
 	case "simulate":
 		return simulate(ctx, args[1:], stdin, stdout, stderr)
+	case "loadgen":
+		return loadgen(ctx, args[1:], stdin, stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprintln(stdout, usage)
 		return nil
