@@ -13,16 +13,28 @@ import (
 	"github.com/sluicehq/sluice/redisstore"
 )
 
+var configHelp = help{
+	usage: "sluice config check FILE",
+	about: `Validates a sluice serve config file and prints what it would run: the
+listeners, the store, the failure mode, each policy, each Envoy rule with
+its token bucket, and warnings. Reads FILE and the envoyproxy/ratelimit
+files its envoy.config names; it connects to nothing.`,
+	example: "sluice config check /etc/sluice/sluice.yaml",
+	exit:    "0 valid (warnings are printed, not failed); 2 not valid, every problem printed with its line",
+}
+
 // configCommand runs "sluice config check FILE".
 func configCommand(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "check" {
-		fmt.Fprintln(stderr, "usage: sluice config check FILE")
-		return errors.New(`config: the only subcommand is "check"`)
-	}
 	fs := flag.NewFlagSet("config check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	quiet(fs)
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		return configHelp.parseErr(flag.ErrHelp, "config check", fs, stdout)
+	}
+	if len(args) == 0 || args[0] != "check" {
+		return errors.New(`config: the only subcommand is "check": sluice config check FILE`)
+	}
 	if err := fs.Parse(args[1:]); err != nil {
-		return err
+		return configHelp.parseErr(err, "config check", fs, stdout)
 	}
 	if fs.NArg() != 1 {
 		return fmt.Errorf("config check takes one file, got %d arguments", fs.NArg())

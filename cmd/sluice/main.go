@@ -87,8 +87,16 @@ Run "sluice <command> -h" for a command's flags.`
 
 var errUsage = errors.New("unknown or missing command")
 
-// run parses args and runs one subcommand.
+// run parses args and runs one subcommand. A subcommand's -h prints its
+// help and succeeds.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if err := runCommand(ctx, args, stdin, stdout, stderr); !errors.Is(err, errHelp) {
+		return err
+	}
+	return nil
+}
+
+func runCommand(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, usage)
 		return errUsage

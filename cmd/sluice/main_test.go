@@ -54,3 +54,24 @@ func TestRunErrors(t *testing.T) {
 		t.Errorf("run(nil) error %v, want errUsage", err)
 	}
 }
+
+// Every subcommand's -h succeeds, prints to stdout what the command reads
+// with an example, and nothing to stderr.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{
+		{"serve", "-h"}, {"take", "-h"}, {"status", "-h"}, {"migrate", "-h"},
+		{"config", "check", "-h"}, {"config", "-h"}, {"simulate", "-h"}, {"loadgen", "-h"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if err := run(context.Background(), args, strings.NewReader(""), &stdout, &stderr); err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+		out := stdout.String()
+		if !strings.Contains(out, "usage: sluice "+args[0]) || !strings.Contains(strings.ToLower(out), "example") || !strings.Contains(strings.ToLower(out), "exit status") {
+			t.Errorf("%v printed no usage line, example or exit status:\n%s", args, out)
+		}
+		if stderr.Len() != 0 {
+			t.Errorf("%v wrote to stderr: %q", args, stderr.String())
+		}
+	}
+}

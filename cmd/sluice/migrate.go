@@ -16,12 +16,20 @@ import (
 // create tables, and an upgrade of the schema is a step of a deployment, run
 // once, not a side effect of every instance's start. Other stores need no
 // migration; for them it says so and succeeds.
+var migrateHelp = help{
+	usage: "sluice migrate -config FILE",
+	about: `Creates or upgrades the PostgreSQL schema of the config's store; other
+stores need none. Reads the config file (and PGPASSWORD, as libpq does).`,
+	example: "sluice migrate -config /etc/sluice/sluice.yaml",
+	exit:    "0 migrated (or nothing to migrate); 2 a bad config or a failed migration",
+}
+
 func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	quiet(fs)
 	path := fs.String("config", "", "the YAML config file of the service (docs/config.md)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return migrateHelp.parseErr(err, "migrate", fs, stdout)
 	}
 	if fs.NArg() != 0 {
 		return fmt.Errorf("migrate takes no arguments, got %q", fs.Args())

@@ -42,14 +42,28 @@ const (
 
 // serve runs the service until ctx ends or a SIGTERM or SIGINT arrives,
 // reloading the policies on SIGHUP.
+var serveHelp = help{
+	usage: "sluice serve [-config FILE] [-drain D] [-watch=true|false]",
+	about: `Runs the rate-limit service: the HTTP JSON API on listen.http, the gRPC
+API (sluice.v1, Envoy's rate-limit service, health, reflection) on
+listen.grpc, and metrics, health and admin endpoints on listen.admin.
+Without -config: the in-memory store and the policy "default" of "100 10/s"
+on :8080, :8081 and 127.0.0.1:9090. It reads the config file, the bearer
+tokens it names, envoy.config's rule files and, for the memory store, its
+snapshot file; nothing from stdin. SIGHUP or a change of the files reloads
+the policies; SIGTERM drains and stops (docs/service.md, docs/config.md).`,
+	example: "sluice serve -config /etc/sluice/sluice.yaml",
+	exit:    "0 after a clean shutdown; 2 if the config is bad, a port is taken, the store cannot be opened, or a server failed",
+}
+
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	quiet(fs)
 	path := fs.String("config", "", "the YAML config file (docs/config.md); none: the in-memory store and the policy \"default\" of \"100 10/s\"")
 	drain := fs.Duration("drain", 10*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 	watch := fs.Bool("watch", true, "reload the config when its file changes (the file's directory is watched), as well as on SIGHUP")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return serveHelp.parseErr(err, "serve", fs, stdout)
 	}
 	if fs.NArg() != 0 {
 		return fmt.Errorf("serve takes no arguments, got %q", fs.Args())

@@ -92,6 +92,10 @@ Examples:
   sluice simulate -config sluice.yaml -policy api < requests.trace
   sluice simulate -limit "100 100/m" -compare-fixed-window -start 2025-03-01T09:00:00Z access.trace
   sluice simulate -generate steady:keys=500 -generate abuser:rate=20/s -limit "30 1/s"
+
+Exit status: 0 the trace was replayed (denials are results, not
+failures); 2 bad flags, an unreadable trace or config, or a limit the
+store cannot decide exactly.
 `
 
 // listFlag is a flag that may be given several times.

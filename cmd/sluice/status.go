@@ -14,15 +14,23 @@ import (
 
 // statusCommand runs "sluice status": the config version and the policies
 // of a running service, in words or (-json) as the service's JSON.
+var statusHelp = help{
+	usage: "sluice status [-server URL] [-token-env VAR] [-json]",
+	about: `Prints the config version and the policies of a running service, from its
+GET /v1/status; reads nothing but the token's environment variable.`,
+	example: "sluice status -server http://127.0.0.1:8080",
+	exit:    "0 answered; 2 no answer (unreachable or failing service, wrong token)",
+}
+
 func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	quiet(fs)
 	server := fs.String("server", "http://127.0.0.1:8080", "the base URL of the service's HTTP API")
 	tokenEnv := fs.String("token-env", "", "the environment variable holding the bearer token, if the service requires one")
 	asJSON := fs.Bool("json", false, "print the service's JSON answer instead of a list")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the answer")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return statusHelp.parseErr(err, "status", fs, stdout)
 	}
 	if fs.NArg() != 0 {
 		return fmt.Errorf("status takes no arguments, got %q", fs.Args())

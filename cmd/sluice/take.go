@@ -22,14 +22,18 @@ var errDenied = errors.New("denied")
 // service. It prints the decision, in words or (-json) as the service's
 // JSON, and returns nil if the take was allowed, errDenied if it was
 // denied, and another error if there was no decision.
+var takeHelp = help{
+	usage: "sluice take POLICY KEY [-cost N] [-request-id ID] [-server URL] [-token-env VAR] [-json]",
+	about: `Takes from the bucket of (POLICY, KEY) of a running service (POST /v1/take)
+and prints the decision in words, or with -json the service's answer. Reads
+nothing but the token's environment variable.`,
+	example: "sluice take default me -cost 2",
+	exit:    "0 allowed, 1 denied, 2 no decision (bad input, unknown policy, service unreachable or failing)",
+}
+
 func takeCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("take", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: sluice take POLICY KEY [-cost N] [-request-id ID] [-server URL] [-token-env VAR] [-json]")
-		fs.PrintDefaults()
-		fmt.Fprintln(stderr, "exit status: 0 allowed, 1 denied, 2 no decision (bad input, unknown policy, service unreachable or failing)")
-	}
+	quiet(fs)
 	cost := fs.Int64("cost", 1, "the tokens to take, 1 to the policy's capacity")
 	requestID := fs.String("request-id", "", "makes the take idempotent: a retry with the same ID is not charged again")
 	server := fs.String("server", "http://127.0.0.1:8080", "the base URL of the service's HTTP API")
@@ -38,11 +42,10 @@ func takeCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the answer")
 	positional, err := parseInterspersed(fs, args)
 	if err != nil {
-		return err
+		return takeHelp.parseErr(err, "take", fs, stdout)
 	}
 	if len(positional) != 2 {
-		fs.Usage()
-		return fmt.Errorf("take takes a policy and a key, got %d arguments", len(positional))
+		return fmt.Errorf("take takes a policy and a key, got %d arguments (sluice take -h)", len(positional))
 	}
 	if *timeout <= 0 {
 		return fmt.Errorf("-timeout %v must be positive", *timeout)
