@@ -22,8 +22,10 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/guard"
 	"github.com/sluicehq/sluice/internal/envoyconf"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/service"
 	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/sluicetest"
 )
 
@@ -149,6 +151,40 @@ func start(t *testing.T, yaml string, store sluice.Store, o Options) *fixture {
 	return f
 }
 
+// stores are the stores the decision tests run on: memstore on a fake
+// clock (nil: start makes it), and Redis under a prefix of its own.
+var stores = []struct {
+	name string
+	open func(t *testing.T) sluice.Store
+}{
+	{"memory", func(*testing.T) sluice.Store { return nil }},
+	{"redis", func(t *testing.T) sluice.Store {
+		client := redistest.Client(t)
+		prefix := fmt.Sprintf("sluicetest:rls:%d:", time.Now().UnixNano())
+		t.Cleanup(func() {
+			ctx := context.Background()
+			iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+			for iter.Next(ctx) {
+				client.Del(ctx, iter.Val())
+			}
+		})
+		st, err := redisstore.New(client, redisstore.Options{Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}},
+}
+
+// onStores runs test on each store.
+func onStores(t *testing.T, test func(t *testing.T, store sluice.Store)) {
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) { test(t, st.open(t)) })
+	}
+}
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
 // desc builds a descriptor of key, value pairs.
 func desc(kv ...string) *ratelimitv3.RateLimitDescriptor {
 	d := &ratelimitv3.RateLimitDescriptor{}
@@ -178,8 +214,10 @@ func codesOf(resp *rlsv3.RateLimitResponse) string {
 	return resp.OverallCode.String() + " [" + strings.Join(b, " ") + "]"
 }
 
-func TestRuleKinds(t *testing.T) {
-	f := start(t, rulesYAML, nil, Options{})
+func TestRuleKinds(t *testing.T) { onStores(t, testRuleKinds) }
+
+func testRuleKinds(t *testing.T, store sluice.Store) {
+	f := start(t, rulesYAML, store, Options{})
 	// Exact value beats wildcard beats key only; each value of a
 	// key-only or wildcard rule has its own bucket.
 	for i := range 2 {
@@ -219,12 +257,15 @@ func TestRuleKinds(t *testing.T) {
 		}
 	}
 	// Unlimited: OK, no bucket.
-	keys := f.store.Stats().Buckets
+	var keys int64
+	if f.store != nil {
+		keys = f.store.Stats().Buckets
+	}
 	r = f.ask(t, 0, desc("internal", "x"))
 	if st := r.Statuses[0]; st.Code != rlsv3.RateLimitResponse_OK || st.LimitRemaining != math.MaxUint32 {
 		t.Fatalf("unlimited: %v", st)
 	}
-	if f.store.Stats().Buckets != keys {
+	if f.store != nil && f.store.Stats().Buckets != keys {
 		t.Fatal("an unlimited rule made a bucket")
 	}
 	// requests_per_unit 0 denies, with no wait that would help.
@@ -244,8 +285,10 @@ func TestRuleKinds(t *testing.T) {
 }
 
 // A request denied by one descriptor consumes nothing from the others.
-func TestAllOrNothing(t *testing.T) {
-	f := start(t, rulesYAML, nil, Options{})
+func TestAllOrNothing(t *testing.T) { onStores(t, testAllOrNothing) }
+
+func testAllOrNothing(t *testing.T, store sluice.Store) {
+	f := start(t, rulesYAML, store, Options{})
 	login := desc("path", "/login")
 	ip := desc("remote_address", "10.0.0.1")
 	if r := f.ask(t, 0, ip, login); codesOf(r) != "OK [OK OK]" {
@@ -276,8 +319,10 @@ func TestAllOrNothing(t *testing.T) {
 	}
 }
 
-func TestHitsAddend(t *testing.T) {
-	f := start(t, rulesYAML, nil, Options{})
+func TestHitsAddend(t *testing.T) { onStores(t, testHitsAddend) }
+
+func testHitsAddend(t *testing.T, store sluice.Store) {
+	f := start(t, rulesYAML, store, Options{})
 	ip := desc("remote_address", "10.0.0.2")
 	if r := f.ask(t, 4, ip); r.Statuses[0].LimitRemaining != 6 {
 		t.Fatalf("request hits 4: remaining %d, want 6", r.Statuses[0].LimitRemaining)
@@ -299,8 +344,10 @@ func TestHitsAddend(t *testing.T) {
 	}
 }
 
-func TestShadowAndReplaces(t *testing.T) {
-	f := start(t, rulesYAML, nil, Options{})
+func TestShadowAndReplaces(t *testing.T) { onStores(t, testShadowAndReplaces) }
+
+func testShadowAndReplaces(t *testing.T, store sluice.Store) {
+	f := start(t, rulesYAML, store, Options{})
 	for range 3 {
 		if r := f.ask(t, 0, desc("trial", "t")); r.OverallCode != rlsv3.RateLimitResponse_OK {
 			t.Fatalf("shadow rule: %s, want OK", codesOf(r))
@@ -326,8 +373,10 @@ func TestShadowAndReplaces(t *testing.T) {
 
 // Quota-mode descriptors fail a request only when all of them are over,
 // and then nothing is taken.
-func TestQuotaMode(t *testing.T) {
-	f := start(t, rulesYAML, nil, Options{})
+func TestQuotaMode(t *testing.T) { onStores(t, testQuotaMode) }
+
+func testQuotaMode(t *testing.T, store sluice.Store) {
+	f := start(t, rulesYAML, store, Options{})
 	ip := desc("remote_address", "10.0.0.9")
 	for i, c := range []struct{ want, ip string }{
 		{"OK [OK OK OK]", "9"},
@@ -349,8 +398,10 @@ func TestQuotaMode(t *testing.T) {
 
 // A descriptor's own limit decides it, whatever the rules say; each limit
 // has its own bucket.
-func TestDescriptorLimitOverride(t *testing.T) {
-	f := start(t, rulesYAML, nil, Options{})
+func TestDescriptorLimitOverride(t *testing.T) { onStores(t, testDescriptorLimitOverride) }
+
+func testDescriptorLimitOverride(t *testing.T, store sluice.Store) {
+	f := start(t, rulesYAML, store, Options{})
 	over := func(n uint32) *ratelimitv3.RateLimitDescriptor {
 		d := desc("path", "/login")
 		d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: typev3.RateLimitUnit_HOUR}
