@@ -73,6 +73,7 @@ go build -o "$work/loadgen" ./http
 cat >"$work/sluice.yaml" <<EOF
 listen:
   http: "127.0.0.1:0"
+  grpc: "127.0.0.1:0"
   admin: "127.0.0.1:0"
 store:
   type: memory
@@ -88,7 +89,7 @@ start_service() {
   pid=$!
   url=
   for _ in $(seq 200); do
-    url=$(sed -n 's|^sluice: serving the HTTP API on \(http://[^ ]*\) .*|\1|p' "$work/serve.out")
+    url=$(sed -n 's|^sluice: serving the HTTP API on \(http://[^ ,]*\),.*|\1|p' "$work/serve.out")
     if [ -n "$url" ] && curl -fsS "$url/readyz" >/dev/null 2>&1; then
       return 0
     fi
