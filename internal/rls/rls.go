@@ -188,9 +188,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	// The pre-decided descriptors, and the takes of the rest.
 	var takes []service.Request
-	var quota []int  // the items of quota-mode rules with a bucket, decided last
-	quotaOver := 0   // how many quota-mode descriptors are over their limits
-	refused := false // a descriptor is over its limit before any take
+	var bucketTake map[string]int // the take of each bucket, by policy and key
+	var quota []int               // the items of quota-mode rules with a bucket, decided last
+	quotaOver := 0                // how many quota-mode descriptors are over their limits
+	refused := false              // a descriptor is over its limit before any take
 	for i := range items {
 		it := &items[i]
 		r := it.rule
@@ -226,9 +227,48 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		case it.cost == 0:
 			// Decided below, with a peek.
 		default:
+			q := request(r, it.entries, it.cost)
+			// Descriptors of one bucket (two rate_limits actions making
+			// the same descriptor, or values a share_threshold wildcard
+			// joins) are one take of their summed cost, as the service
+			// counts a repeated descriptor twice.
+			bk := q.Policy + "\x00" + q.Key
+			if j, ok := bucketTake[bk]; ok {
+				takes[j].Cost += it.cost
+				it.take = j
+				continue
+			}
+			if bucketTake == nil {
+				bucketTake = map[string]int{}
+			}
+			bucketTake[bk] = len(takes)
 			it.take = len(takes)
-			takes = append(takes, request(r, it.entries, it.cost))
+			takes = append(takes, q)
 		}
+	}
+	// A bucket asked for more than its capacity in all is over its limit
+	// before any take.
+	for j := range takes {
+		if r := items[firstOf(items, j)].rule; takes[j].Cost <= r.Limit.Capacity {
+			continue
+		}
+		for i := range items {
+			if it := &items[i]; it.take == j {
+				it.take = -1
+				it.status = overStatus(it.rule, nil)
+				if it.rule.Shadow {
+					it.outcome, it.status.Code = OutcomeShadow, rlsv3.RateLimitResponse_OK
+					core.RecordShadowDenial(it.rule.Policy)
+				} else {
+					it.outcome = OutcomeOverLimit
+					refused = true
+				}
+			}
+		}
+		takes[j].Cost = 0 // not taken
+	}
+	if n := compact(items, takes); n < len(takes) {
+		takes = takes[:n]
 	}
 	// Quota mode: the quota-mode descriptors fail the request only when
 	// every one of them is over its limit. That is known before anything
@@ -333,10 +373,12 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 	}
-	if degraded && resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT && onlyDegradedDenials(items) {
 		// A failure mode denied: the store's state is not known. Envoy's
-		// failure_mode_deny, not a made-up OVER_LIMIT, decides.
-		return nil, status.Error(codes.Unavailable, "the limiter cannot reach its store and denies while it is down")
+		// failure_mode_deny, not a made-up OVER_LIMIT, decides. A denial
+		// that needed no store (a rule of 0, a cost above the capacity) or
+		// that the store made stands, outage or not.
+		return nil, status.Error(codes.Unavailable, "the limiter cannot reach its store, and its failure mode denies")
 	}
 	if degraded {
 		resp.RequestHeadersToAdd = append(resp.RequestHeadersToAdd, &corev3.HeaderValue{Key: DegradedHeader, Value: "true"})
@@ -349,6 +391,47 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 	}
 	return resp, nil
+}
+
+// onlyDegradedDenials reports whether every OVER_LIMIT status of items
+// comes from a decision a failure mode made.
+func onlyDegradedDenials(items []item) bool {
+	for i := range items {
+		it := &items[i]
+		if it.status.Code == rlsv3.RateLimitResponse_OVER_LIMIT && !(it.decided && it.res.Degraded) {
+			return false
+		}
+	}
+	return true
+}
+
+// firstOf returns the index of the first item whose take is j.
+func firstOf(items []item, j int) int {
+	for i := range items {
+		if items[i].take == j {
+			return i
+		}
+	}
+	return -1
+}
+
+// compact drops the takes of cost 0 (not to be made), renumbering the
+// items' takes, and returns how many are left.
+func compact(items []item, takes []service.Request) int {
+	n := 0
+	for j := range takes {
+		if takes[j].Cost == 0 {
+			continue
+		}
+		for i := range items {
+			if items[i].take == j {
+				items[i].take = n
+			}
+		}
+		takes[n] = takes[j]
+		n++
+	}
+	return n
 }
 
 // request is the core's request of a descriptor matched to r.

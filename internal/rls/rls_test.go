@@ -429,6 +429,34 @@ func testDescriptorLimitOverride(t *testing.T, store sluice.Store) {
 	}
 }
 
+// Two descriptors of one bucket are one take of their summed cost, not
+// an error that Envoy would let through.
+func TestRepeatedDescriptor(t *testing.T) { onStores(t, testRepeatedDescriptor) }
+
+func testRepeatedDescriptor(t *testing.T, store sluice.Store) {
+	f := start(t, rulesYAML, store, Options{})
+	ip := func() *ratelimitv3.RateLimitDescriptor { return desc("remote_address", "10.0.0.7") }
+	for i := range 5 {
+		r := f.ask(t, 0, ip(), ip())
+		if r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].LimitRemaining != uint32(8-2*i) {
+			t.Fatalf("request %d: %v; want OK, %d left (two tokens a request)", i, r, 8-2*i)
+		}
+	}
+	if r := f.ask(t, 0, ip(), ip()); codesOf(r) != "OVER_LIMIT [OVER_LIMIT OVER_LIMIT]" {
+		t.Fatalf("sixth request: %s, want over the limit", codesOf(r))
+	}
+	// Costs that fit one by one but not together: over the limit, nothing
+	// taken.
+	a, b := desc("remote_address", "10.0.0.8"), desc("remote_address", "10.0.0.8")
+	a.HitsAddend, b.HitsAddend = wrapperspb.UInt64(6), wrapperspb.UInt64(6)
+	if r := f.ask(t, 0, a, b); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || r.Statuses[0].DurationUntilReset != nil {
+		t.Fatalf("6 + 6 of a capacity of 10: %v; want OVER_LIMIT without a reset duration", r)
+	}
+	if r := f.ask(t, 0, desc("remote_address", "10.0.0.8")); r.Statuses[0].LimitRemaining != 9 {
+		t.Fatalf("after the refused 6 + 6, %d left; want 9 (nothing was taken)", r.Statuses[0].LimitRemaining)
+	}
+}
+
 func TestHeaders(t *testing.T) {
 	f := start(t, rulesYAML, nil, Options{LegacyHeaders: true})
 	r := f.ask(t, 0, desc("remote_address", "10.0.0.3"), desc("path", "/login"))
@@ -487,6 +515,32 @@ func TestDegraded(t *testing.T) {
 			if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.RequestHeadersToAdd) != 1 || resp.RequestHeadersToAdd[0].Key != DegradedHeader {
 				t.Fatalf("open: %v, %v; want OK with the %s request header", resp, err, DegradedHeader)
 			}
+		}
+	}
+}
+
+// A denial that needs no store stands during an outage: only denials the
+// failure mode made are UNAVAILABLE.
+func TestDegradedBesideRealDenial(t *testing.T) {
+	st, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	g, err := guard.New(failing{st}, guard.Options{FailureMode: guard.FailOpen, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, rulesYAML, g, Options{})
+	big := desc("path", "/login")
+	big.HitsAddend = wrapperspb.UInt64(1000)
+	for _, ds := range [][]*ratelimitv3.RateLimitDescriptor{
+		{desc("blocked", "x"), desc("remote_address", "1.2.3.4")},
+		{big, desc("remote_address", "1.2.3.4")},
+	} {
+		resp, err := f.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: ds})
+		if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("%v during an outage: %v, %v; want OVER_LIMIT", ds, resp, err)
 		}
 	}
 }
