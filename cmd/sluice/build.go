@@ -237,6 +237,14 @@ func restartNeeded(cur, next config.Config) []string {
 	if fmt.Sprint(cur.Guard) != fmt.Sprint(next.Guard) {
 		out = append(out, "guard")
 	}
+	if cur.Envoy.LegacyHeaders != next.Envoy.LegacyHeaders {
+		out = append(out, "envoy.legacy_headers")
+	}
+	if cur.Envoy.Config != next.Envoy.Config {
+		// The rules of the new path are in use; its directory is watched
+		// from the next start (SIGHUP reloads them meanwhile).
+		out = append(out, "the watch of envoy.config's new path")
+	}
 	return out
 }
 

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -37,6 +39,11 @@ const (
 type grpcServer struct {
 	srv    *grpc.Server
 	health *health.Server
+	// closing is closed when a shutdown begins: it ends the streams the
+	// server holds open (a health Watch), which GracefulStop would
+	// otherwise wait for until the drain time is over.
+	closing   chan struct{}
+	closeOnce sync.Once
 }
 
 // grpcServices are the services the health server reports on: "" (the
@@ -70,6 +77,7 @@ func newGRPCServer(rt *runtime, reg prometheus.Registerer, log *slog.Logger) (*g
 	if err != nil {
 		return nil, err
 	}
+	g := &grpcServer{closing: make(chan struct{})}
 	srv := grpc.NewServer(
 		grpc.MaxRecvMsgSize(grpcMaxRecvBytes),
 		grpc.MaxSendMsgSize(grpcMaxSendBytes),
@@ -77,16 +85,48 @@ func newGRPCServer(rt *runtime, reg prometheus.Registerer, log *slog.Logger) (*g
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcKeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: grpcKeepaliveTime, Timeout: grpcKeepaliveTimeout, MaxConnectionIdle: grpcConnectionIdle}),
 		grpc.ChainUnaryInterceptor(api.UnaryAuth),
-		grpc.ChainStreamInterceptor(api.StreamAuth),
+		grpc.ChainStreamInterceptor(api.StreamAuth, g.endAtShutdown),
 	)
 	api.Register(srv)
 	rlsv3.RegisterRateLimitServiceServer(srv, envoy)
 	h := health.NewServer()
 	healthpb.RegisterHealthServer(srv, h)
 	reflection.Register(srv)
-	g := &grpcServer{srv: srv, health: h}
+	g.srv, g.health = srv, h
 	g.setServing(false)
 	return g, nil
+}
+
+// endAtShutdown gives each stream a context that also ends when the
+// shutdown begins, so that a stream that would run for as long as the
+// client stays (a health Watch, which returns when its context ends) lets
+// the server stop.
+func (g *grpcServer) endAtShutdown(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-g.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return handler(srv, shutdownStream{ss, ctx})
+}
+
+// shutdownStream is a stream whose context is endAtShutdown's.
+type shutdownStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s shutdownStream) Context() context.Context { return s.ctx }
+
+// beginShutdown reports NOT_SERVING and ends the open streams; calls in
+// flight go on.
+func (g *grpcServer) beginShutdown() {
+	g.setServing(false)
+	g.closeOnce.Do(func() { close(g.closing) })
 }
 
 // setServing reports every service SERVING or NOT_SERVING.

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -273,5 +274,39 @@ func TestConfigCheckEnvoy(t *testing.T) {
 	}
 	if !strings.Contains(errOut.String(), "edge.yaml:12") {
 		t.Errorf("config check error %q does not name the file and line", errOut.String())
+	}
+}
+
+// A client watching the gRPC health sees NOT_SERVING at a shutdown, and
+// its stream ends: it does not hold the shutdown for the drain time.
+func TestServeShutdownEndsHealthWatch(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sluice.yaml")
+	writeConfig(t, path, "  api:\n    limit: \"10 1/s\"\n")
+	s := startServe(t, "-config", path, "-drain", "5s")
+	w, err := healthpb.NewHealthClient(dialGRPC(t, s.grpc)).Watch(t.Context(), &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := w.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("first watch answer %v, %v; want SERVING", r, err)
+	}
+	start := time.Now()
+	s.stop()
+	err = <-s.done
+	s.done <- nil // for the cleanup
+	if err != nil {
+		t.Fatalf("serve returned %v, want nil", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("the shutdown took %v with a health watch open; want well under the 5s drain", took)
+	}
+	for {
+		r, err := w.Recv()
+		if err != nil {
+			break
+		}
+		if r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Fatalf("watch answer %v after the shutdown began; want NOT_SERVING", r)
+		}
 	}
 }

@@ -181,7 +181,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Readiness drops first, so that load balancers stop sending; the
 	// requests in flight then have the drain time to finish.
 	ready.Store(false)
-	gs.setServing(false)
+	gs.beginShutdown()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), *drain)
 	defer cancel()
 	var wg sync.WaitGroup
