@@ -31,7 +31,9 @@ func OverrideRule(domain string, requestsPerUnit uint32, unitName string, multip
 	r := &Rule{Domain: domain, RequestsPerUnit: requestsPerUnit, Unit: u.name, override: true}
 	name := policyName(domain, nil) + "/!override"
 	if len(name) > sluice.MaxPolicyLen {
-		// An empty key is in no rule's path: this hash is no rule's.
+		// The name of a path of one empty key, which no rule has (the
+		// loader refuses empty keys): "envoy/DOMAIN/", or its hashed
+		// form when that is too long too.
 		name = policyName(domain, []Entry{{}})
 	}
 	r.Policy = name
