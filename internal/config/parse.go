@@ -483,13 +483,24 @@ func index(path string, i int) string { return path + "[" + strconv.Itoa(i) + "]
 
 // suggest returns the known key closest to key, if it is within two edits.
 func suggest(key string, fs []field) string {
+	known := make([]string, len(fs))
+	for i, f := range fs {
+		known[i] = f.name
+	}
+	return Suggest(key, known)
+}
+
+// Suggest returns the key of known closest to key (compared in lower
+// case), if it is within two edits, for a "did you mean" of an unknown key;
+// "" if none is.
+func Suggest(key string, known []string) string {
 	if len(key) > 64 {
 		return ""
 	}
 	best, dist := "", 3
-	for _, f := range fs {
-		if d := editDistance(strings.ToLower(key), f.name); d < dist {
-			best, dist = f.name, d
+	for _, k := range known {
+		if d := editDistance(strings.ToLower(key), k); d < dist {
+			best, dist = k, d
 		}
 	}
 	return best

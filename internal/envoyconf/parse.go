@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/internal/config"
 )
 
 // Bounds on what Parse and Load read.
@@ -178,7 +180,7 @@ func (p *parser) fields(path string, m *value, keys []string, read func(key, pat
 			continue
 		}
 		hint := ""
-		if s := suggest(pr.name, keys); s != "" {
+		if s := config.Suggest(pr.name, keys); s != "" {
 			hint = fmt.Sprintf(" (did you mean %s?)", s)
 		}
 		p.fail(pr.line, kp, nil, "is not a known key%s; the keys %s are %s", hint, where, strings.Join(keys, ", "))
@@ -540,38 +542,3 @@ func plainName(s string) bool {
 }
 
 func index(path string, i int) string { return path + "[" + strconv.Itoa(i) + "]" }
-
-// suggest returns the key of keys closest to key, if it is within two
-// edits.
-func suggest(key string, keys []string) string {
-	if len(key) > 64 {
-		return ""
-	}
-	best, dist := "", 3
-	for _, k := range keys {
-		if d := editDistance(strings.ToLower(key), k); d < dist {
-			best, dist = k, d
-		}
-	}
-	return best
-}
-
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
-}
