@@ -1,8 +1,12 @@
 package config
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"fmt"
 	"strings"
+
+	"github.com/sluicehq/sluice"
 )
 
 // Bounds on a bearer token, in bytes.
@@ -74,4 +78,44 @@ func checkToken(t string) string {
 		}
 	}
 	return ""
+}
+
+// Bearer checks the bearer tokens of a request against the configured
+// ones, for every API of the service. The zero Bearer has no tokens:
+// Enabled is false.
+type Bearer struct {
+	sums [][sha256.Size]byte
+}
+
+// NewBearer returns the check of tokens; none means no authentication. An
+// empty token is refused.
+func NewBearer(tokens []string) (Bearer, error) {
+	var b Bearer
+	for i, t := range tokens {
+		if t == "" {
+			return Bearer{}, fmt.Errorf("%w: bearer token %d is empty", sluice.ErrInvalidOption, i+1)
+		}
+		b.sums = append(b.sums, sha256.Sum256([]byte(t)))
+	}
+	return b, nil
+}
+
+// Enabled reports whether requests need a token.
+func (b Bearer) Enabled() bool { return len(b.sums) > 0 }
+
+// Authorized reports whether value, an Authorization header or
+// authorization metadata, is "Bearer " and one of the tokens. It compares
+// with every token in time that depends on neither: both sides are hashed
+// first, so that not even a token's length shows.
+func (b Bearer) Authorized(value string) bool {
+	token, ok := strings.CutPrefix(value, "Bearer ")
+	if !ok || token == "" {
+		return false
+	}
+	sum := sha256.Sum256([]byte(token))
+	match := 0
+	for i := range b.sums {
+		match |= subtle.ConstantTimeCompare(sum[:], b.sums[i][:])
+	}
+	return match == 1
 }

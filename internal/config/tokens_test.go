@@ -58,3 +58,29 @@ func TestParseTokens(t *testing.T) {
 		})
 	}
 }
+
+func TestBearer(t *testing.T) {
+	b, err := NewBearer([]string{"first-token-0123456789", "second-token-0123456789"})
+	if err != nil || !b.Enabled() {
+		t.Fatalf("NewBearer = %v, %v", b, err)
+	}
+	for value, want := range map[string]bool{
+		"Bearer first-token-0123456789":  true,
+		"Bearer second-token-0123456789": true,
+		"Bearer first-token-012345678":   false,
+		"bearer first-token-0123456789":  false,
+		"first-token-0123456789":         false,
+		"Bearer ":                        false,
+		"":                               false,
+	} {
+		if got := b.Authorized(value); got != want {
+			t.Errorf("Authorized(%q) = %v, want %v", value, got, want)
+		}
+	}
+	if (Bearer{}).Enabled() {
+		t.Error("the zero Bearer is enabled")
+	}
+	if _, err := NewBearer([]string{"ok-token-0123456789", ""}); err == nil || !strings.Contains(err.Error(), "token 2 is empty") {
+		t.Errorf("NewBearer with an empty token = %v", err)
+	}
+}

@@ -22,7 +22,6 @@ package grpcapi
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -32,6 +31,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/httpapi"
 	"github.com/sluicehq/sluice/internal/service"
 )
@@ -62,7 +62,7 @@ type Server struct {
 	sluicev1.UnimplementedRateLimiterServer
 
 	core     *service.Core
-	tokens   [][sha256.Size]byte
+	tokens   config.Bearer
 	maxBatch int
 	log      *slog.Logger
 }
@@ -79,11 +79,9 @@ func New(core *service.Core, o Options) (*Server, error) {
 	case s.maxBatch < 0:
 		return nil, fmt.Errorf("%w: MaxBatch %d is negative", sluice.ErrInvalidOption, s.maxBatch)
 	}
-	for i, t := range o.Tokens {
-		if t == "" {
-			return nil, fmt.Errorf("%w: bearer token %d is empty", sluice.ErrInvalidOption, i+1)
-		}
-		s.tokens = append(s.tokens, sha256.Sum256([]byte(t)))
+	var err error
+	if s.tokens, err = config.NewBearer(o.Tokens); err != nil {
+		return nil, err
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

@@ -21,8 +21,6 @@ package httpapi
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,9 +28,9 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/service"
 )
 
@@ -64,7 +62,7 @@ type Options struct {
 // Handler serves the HTTP JSON API. Create one with New.
 type Handler struct {
 	core     *service.Core
-	tokens   [][sha256.Size]byte
+	tokens   config.Bearer
 	maxBody  int64
 	maxBatch int
 	ready    func(context.Context) error
@@ -91,11 +89,9 @@ func New(core *service.Core, o Options) (*Handler, error) {
 	case h.maxBatch < 0:
 		return nil, fmt.Errorf("%w: MaxBatch %d is negative", sluice.ErrInvalidOption, h.maxBatch)
 	}
-	for i, t := range o.Tokens {
-		if t == "" {
-			return nil, fmt.Errorf("%w: bearer token %d is empty", sluice.ErrInvalidOption, i+1)
-		}
-		h.tokens = append(h.tokens, sha256.Sum256([]byte(t)))
+	var err error
+	if h.tokens, err = config.NewBearer(o.Tokens); err != nil {
+		return nil, err
 	}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
@@ -137,32 +133,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.Serv
 
 // auth wraps next with the bearer-token check, when tokens are configured.
 func (h *Handler) auth(next http.HandlerFunc) http.HandlerFunc {
-	if len(h.tokens) == 0 {
+	if !h.tokens.Enabled() {
 		return next
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !h.authorized(r.Header.Get("Authorization")) {
+		if !h.tokens.Authorized(r.Header.Get("Authorization")) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
 			writeProblem(w, http.StatusUnauthorized, problem{Title: "missing or wrong bearer token"})
 			return
 		}
 		next(w, r)
 	}
-}
-
-// authorized compares the bearer token of an Authorization value with every
-// configured token, in time that depends on neither.
-func (h *Handler) authorized(value string) bool {
-	token, ok := strings.CutPrefix(value, "Bearer ")
-	if !ok || token == "" {
-		return false
-	}
-	sum := sha256.Sum256([]byte(token))
-	match := 0
-	for i := range h.tokens {
-		match |= subtle.ConstantTimeCompare(sum[:], h.tokens[i][:])
-	}
-	return match == 1
 }
 
 // decisionRequest is the body of /v1/take and /v1/peek, and one item of a
