@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/service"
 	"github.com/sluicehq/sluice/memstore"
 )
@@ -62,9 +63,9 @@ func newBenchHandler(b *testing.B) *Handler {
 // (where the system reports it: cpuTime).
 func serveBodies(b *testing.B, h *Handler, path string, bodies [][]byte) {
 	b.ReportAllocs()
-	if cpu0, ok := cpuTime(); ok {
+	if cpu0, ok := loadgen.CPUTime(); ok {
 		defer func() {
-			cpu1, _ := cpuTime()
+			cpu1, _ := loadgen.CPUTime()
 			b.ReportMetric(float64(cpu1-cpu0)/float64(b.N), "cpu-ns/op")
 		}()
 	}

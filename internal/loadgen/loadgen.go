@@ -191,7 +191,7 @@ func (e *engine) run(ctx context.Context) *Summary {
 		e.period = float64(time.Second) / e.o.Rate
 		e.warmTickets = int64(math.Ceil(float64(e.o.Warmup) / e.period))
 	}
-	cpu0, _ := cpuTime()
+	cpu0, _ := CPUTime()
 	e.start = time.Now()
 	e.measure = e.start.Add(e.o.Warmup)
 	if e.o.Duration > 0 {
@@ -220,7 +220,7 @@ func (e *engine) run(ctx context.Context) *Summary {
 	end := time.Now()
 	close(progressDone)
 	progressWG.Wait()
-	cpu1, cpuOK := cpuTime()
+	cpu1, cpuOK := CPUTime()
 
 	s := e.summary(end)
 	if cpuOK {
