@@ -220,10 +220,14 @@ func (p *parser) document(data []byte) *yaml.Node {
 	return root
 }
 
-// decode decodes the next document of dec into n. The YAML parser is
-// not expected to panic, but a config reload must not bring the service
-// down if it does: a panic becomes a syntax error.
-func decode(dec *yaml.Decoder, n *yaml.Node) (err error) {
+// decode decodes the next document of dec into n.
+func decode(dec *yaml.Decoder, n *yaml.Node) error { return DecodeNode(dec, n) }
+
+// DecodeNode decodes the next YAML document of dec into n, for every file
+// the service reads. The YAML parser is not expected to panic, but a
+// config reload must not bring the service down if it does: a panic
+// becomes a syntax error.
+func DecodeNode(dec *yaml.Decoder, n *yaml.Node) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("yaml: the YAML parser failed on this file: %v", r)

@@ -2,7 +2,6 @@ package envoyconf
 
 import (
 	"bytes"
-	"fmt"
 	"io"
 	"regexp"
 	"strconv"
@@ -10,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/internal/config"
 )
 
 // maxValues bounds the values of one file once its aliases are expanded,
@@ -251,14 +252,14 @@ var parserProblems = map[string]bool{
 func (p *parser) document(data []byte) (*value, bool) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
-	if err := decode(dec, &doc); err == io.EOF {
+	if err := config.DecodeNode(dec, &doc); err == io.EOF {
 		return &value{line: 1}, true
 	} else if err != nil {
 		p.syntax(data, err)
 		return nil, false
 	}
 	var next yaml.Node
-	if err := decode(dec, &next); err == nil {
+	if err := config.DecodeNode(dec, &next); err == nil {
 		p.warn(next.Line, "", "a second YAML document starts here; only the first document of a file is read (the service reads only the first too): put each domain in a file of its own")
 	} else if err != io.EOF {
 		p.warn(lastLine(data), "", "the text after the first YAML document is not read (the service reads only the first document of a file)")
@@ -269,18 +270,6 @@ func (p *parser) document(data []byte) (*value, bool) {
 	x := &expander{p: p, active: map[*yaml.Node]bool{}}
 	v := x.expand(doc.Content[0])
 	return v, !x.full
-}
-
-// decode decodes the next document of dec into n. The YAML parser is not
-// expected to panic, but a reload must not bring the service down if it
-// does: a panic becomes a syntax error.
-func decode(dec *yaml.Decoder, n *yaml.Node) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("yaml: the YAML parser failed on this file: %v", r)
-		}
-	}()
-	return dec.Decode(n)
 }
 
 // syntax records a YAML syntax error with its line, correcting the YAML
