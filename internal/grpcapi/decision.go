@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/limitcore"
 	"github.com/sluicehq/sluice/internal/service"
 )
 
@@ -54,8 +55,23 @@ func wait(d time.Duration) (*durationpb.Duration, bool) {
 	return durationpb.New(d), false
 }
 
-// limit is l as the API's Limit.
+// maxLimits bounds the limits whose messages are kept: a limit comes
+// from the config, but a request may bring its own (an Envoy override).
+const maxLimits = 1024
+
+// limits holds the Limit message of each limit, built once: a message
+// that answers share (protobuf messages may be marshalled concurrently),
+// so that no decision formats its limit's text or allocates its period.
+var limits limitcore.Cache[sluice.Limit, *sluicev1.Limit]
+
+// limit is l as the API's Limit. The message is shared: it must not be
+// changed.
 func limit(l sluice.Limit) *sluicev1.Limit {
+	return limits.Get(l, maxLimits, func() *sluicev1.Limit { return newLimit(l) })
+}
+
+// newLimit builds the Limit message of l.
+func newLimit(l sluice.Limit) *sluicev1.Limit {
 	return &sluicev1.Limit{
 		Capacity:     l.Capacity,
 		RefillTokens: l.Rate.Tokens,

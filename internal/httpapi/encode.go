@@ -5,10 +5,10 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/limitcore"
 	"github.com/sluicehq/sluice/internal/service"
 )
 
@@ -99,42 +99,14 @@ type nameKey struct {
 // nameCache holds for each (policy, limit) the "policy" and "limit"
 // members of its decisions, `"policy":"api","limit":"2 2/m"`, so that the
 // name is not quoted and the limit not formatted again for every decision.
-// Reads take no lock: the map is replaced, never changed, and inserts are
-// rare.
 type nameCache struct {
-	mu sync.Mutex // serializes inserts
-	m  atomic.Pointer[map[nameKey][]byte]
+	c limitcore.Cache[nameKey, []byte]
 }
 
 // names returns the members for policy and l. The slice must not be
 // changed.
 func (c *nameCache) names(policy string, l sluice.Limit) []byte {
-	k := nameKey{policy, l}
-	if m := c.m.Load(); m != nil {
-		if b, ok := (*m)[k]; ok {
-			return b
-		}
-	}
-	b := appendNames(nil, policy, l)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	old := c.m.Load()
-	if old == nil {
-		old = &map[nameKey][]byte{}
-	}
-	if len(*old) >= maxNames {
-		return b
-	}
-	if cached, ok := (*old)[k]; ok {
-		return cached
-	}
-	m := make(map[nameKey][]byte, len(*old)+1)
-	for k, v := range *old {
-		m[k] = v
-	}
-	m[k] = b
-	c.m.Store(&m)
-	return b
+	return c.c.Get(nameKey{policy, l}, maxNames, func() []byte { return appendNames(nil, policy, l) })
 }
 
 func appendNames(b []byte, policy string, l sluice.Limit) []byte {

@@ -251,7 +251,7 @@ func TestNameCache(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if n := len(*c.m.Load()); n != maxNames {
+	if n := c.c.Len(); n != maxNames {
 		t.Errorf("the cache holds %d names, want its bound %d", n, maxNames)
 	}
 }
