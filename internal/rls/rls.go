@@ -122,6 +122,7 @@ const (
 type item struct {
 	rule    *envoyconf.Rule
 	entries []envoyconf.Entry
+	key     string // the bucket key, once request has encoded it
 	cost    int64
 	take    int // index in the TakeAll, or -1
 	outcome Outcome
@@ -227,7 +228,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		case it.cost == 0:
 			// Decided below, with a peek.
 		default:
-			q := request(r, it.entries, it.cost)
+			q := it.request(it.cost)
 			// Descriptors of one bucket (two rate_limits actions making
 			// the same descriptor, or values a share_threshold wildcard
 			// joins) are one take of their summed cost, as the service
@@ -281,7 +282,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			if it.status != nil {
 				continue
 			}
-			res, err := core.Peek(ctx, request(it.rule, it.entries, max(it.cost, 1)))
+			res, err := core.Peek(ctx, it.request(max(it.cost, 1)))
 			if err != nil {
 				return nil, s.failure(err)
 			}
@@ -314,7 +315,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			// Taken on its own once the rest passed; its denial alone
 			// does not fail the request (not every quota-mode descriptor
 			// was over).
-			q := request(it.rule, it.entries, max(it.cost, 1))
+			q := it.request(max(it.cost, 1))
 			var res service.Result
 			var err error
 			switch {
@@ -333,7 +334,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		default:
 			// A check (cost 0), or a take not made because another
 			// descriptor was over its limit: what a take of it would be.
-			res, err := core.Peek(ctx, request(it.rule, it.entries, max(it.cost, 1)))
+			res, err := core.Peek(ctx, it.request(max(it.cost, 1)))
 			if err != nil {
 				return nil, s.failure(err)
 			}
@@ -434,11 +435,15 @@ func compact(items []item, takes []service.Request) int {
 	return n
 }
 
-// request is the core's request of a descriptor matched to r.
-func request(r *envoyconf.Rule, entries []envoyconf.Entry, cost int64) service.Request {
-	q := service.Request{Policy: r.Policy, Key: r.Key(entries), Cost: cost}
-	if r.Override() {
-		q.Limit = r.Limit
+// request is the core's request of the item's descriptor for cost. The
+// bucket key is encoded once per item, however many calls it takes.
+func (it *item) request(cost int64) service.Request {
+	if it.key == "" {
+		it.key = it.rule.Key(it.entries)
+	}
+	q := service.Request{Policy: it.rule.Policy, Key: it.key, Cost: cost}
+	if it.rule.Override() {
+		q.Limit = it.rule.Limit
 	}
 	return q
 }
