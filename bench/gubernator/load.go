@@ -23,6 +23,7 @@ import (
 	"github.com/gubernator-io/gubernator/v2"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/bench/internal/rawhttp"
 )
 
 // The cells of the comparison: a transport, and one decision a call or a
@@ -119,15 +120,15 @@ func newTarget(ctx context.Context, srv *server, cell string, w workload) (*targ
 		if err != nil {
 			return nil, fmt.Errorf("%s: HTTP URL %q: %w", srv.name, srv.httpURL, err)
 		}
-		var senders []*rawSender
+		var senders []*rawhttp.Sender
 		for range w.inFlight {
-			s := newRawSender(u, w.timeout)
+			s := rawhttp.New(u, "", w.timeout)
 			senders = append(senders, s)
 			t.callers = append(t.callers, &httpCaller{s: s, items: items, per: t.per, list: list, read: read})
 		}
 		t.close = func() {
 			for _, s := range senders {
-				s.close()
+				s.Close()
 			}
 		}
 	case cellGRPCSingle, cellGRPCBatch:
@@ -187,7 +188,7 @@ type listBody struct{ prefix, suffix string }
 // httpCaller posts a body of per items of random keys and reads the
 // answer.
 type httpCaller struct {
-	s     *rawSender
+	s     *rawhttp.Sender
 	items [][]byte
 	per   int
 	list  listBody
@@ -216,7 +217,7 @@ func (c *httpCaller) call(_ context.Context, rng *rand.Rand) ([]outcome, error) 
 		c.body = c.batchBody
 	}
 	c.buf.Reset()
-	status, err := c.s.send(c.body, &c.buf)
+	status, err := c.s.Send(c.body, &c.buf)
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/sluicehq/sluice/bench/internal/rawhttp"
 )
 
 // Bounds of the flags.
@@ -101,8 +103,8 @@ type generator struct {
 type sender interface {
 	// send posts body and appends the answer's body to answer, returning
 	// its status; an error means there was no answer.
-	send(body []byte, answer *bytes.Buffer) (status int, err error)
-	close()
+	Send(body []byte, answer *bytes.Buffer) (status int, err error)
+	Close()
 }
 
 func newGenerator(c config) (*generator, error) {
@@ -139,7 +141,7 @@ func newGenerator(c config) (*generator, error) {
 			return nil, fmt.Errorf("-url %q: -client raw speaks http only; use -client net/http for %s", c.url, u.Scheme)
 		}
 		for range c.inFlight {
-			g.senders = append(g.senders, newRawSender(u, c.token, c.timeout))
+			g.senders = append(g.senders, rawhttp.New(u, c.token, c.timeout))
 		}
 	default:
 		s := newStdSender(u.String(), c.token, c.inFlight, c.timeout)
@@ -153,7 +155,7 @@ func newGenerator(c config) (*generator, error) {
 // close closes the connections.
 func (g *generator) close() {
 	for _, s := range g.senders {
-		s.close()
+		s.Close()
 	}
 }
 
@@ -261,7 +263,7 @@ func (g *generator) request(w *worker) {
 	}
 	w.buf.Reset()
 	start := time.Now()
-	status, err := w.s.send(body, &w.buf)
+	status, err := w.s.Send(body, &w.buf)
 	if err != nil {
 		w.r.failed++
 		w.bad(per, err.Error())

@@ -1,4 +1,7 @@
-package main
+// Package rawhttp is the HTTP/1.1 client of the benchmarks' load
+// generators (bench/http, bench/gubernator): one keep-alive connection per
+// request slot, at less CPU time per request than net/http's client.
+package rawhttp
 
 import (
 	"bufio"
@@ -15,14 +18,14 @@ import (
 // maxAnswer bounds the body of an answer the raw sender reads.
 const maxAnswer = 64 << 20
 
-// rawSender speaks just enough HTTP/1.1 over one keep-alive connection to
+// Sender speaks just enough HTTP/1.1 over one keep-alive connection to
 // post a body and read the answer: a status line, header fields of which
 // it reads Content-Length, Transfer-Encoding and Connection, and a body of
-// known length or chunked (bench/http's raw client). It costs the machine
-// less CPU time per request than net/http's client, which on a machine
-// the servers share leaves more for them. It redials after an error or a
-// "Connection: close".
-type rawSender struct {
+// known length or chunked. It costs the machine less CPU time per request
+// than net/http's client, which on a machine the service shares leaves
+// more for the service. It redials after an error or a "Connection:
+// close".
+type Sender struct {
 	addr    string
 	head    []byte // the request line and fields, up to the Content-Length value
 	timeout time.Duration
@@ -31,17 +34,24 @@ type rawSender struct {
 	wbuf    []byte
 }
 
-func newRawSender(u *url.URL, timeout time.Duration) *rawSender {
+// New returns a sender posting to u, with the bearer token if not empty,
+// each request and answer bounded by timeout.
+func New(u *url.URL, token string, timeout time.Duration) *Sender {
 	addr := u.Host
 	if u.Port() == "" {
 		addr = net.JoinHostPort(u.Hostname(), "80")
 	}
 	head := []byte("POST " + u.RequestURI() + " HTTP/1.1\r\nHost: " + u.Host + "\r\nContent-Type: application/json\r\n")
+	if token != "" {
+		head = append(head, "Authorization: Bearer "+token+"\r\n"...)
+	}
 	head = append(head, "Content-Length: "...)
-	return &rawSender{addr: addr, head: head, timeout: timeout}
+	return &Sender{addr: addr, head: head, timeout: timeout}
 }
 
-func (s *rawSender) send(body []byte, answer *bytes.Buffer) (int, error) {
+// Send posts body and appends the answer's body to answer, returning its
+// status; an error means there was no answer.
+func (s *Sender) Send(body []byte, answer *bytes.Buffer) (int, error) {
 	if s.conn == nil {
 		c, err := net.DialTimeout("tcp", s.addr, s.timeout)
 		if err != nil {
@@ -56,12 +66,12 @@ func (s *rawSender) send(body []byte, answer *bytes.Buffer) (int, error) {
 	}
 	status, keep, err := s.roundTrip(body, answer)
 	if err != nil || !keep {
-		s.close()
+		s.Close()
 	}
 	return status, err
 }
 
-func (s *rawSender) roundTrip(body []byte, answer *bytes.Buffer) (status int, keep bool, err error) {
+func (s *Sender) roundTrip(body []byte, answer *bytes.Buffer) (status int, keep bool, err error) {
 	if err := s.conn.SetDeadline(time.Now().Add(s.timeout)); err != nil {
 		return 0, false, err
 	}
@@ -135,7 +145,7 @@ func (s *rawSender) roundTrip(body []byte, answer *bytes.Buffer) (status int, ke
 }
 
 // line reads one line of the head of an answer, without its CRLF.
-func (s *rawSender) line() ([]byte, error) {
+func (s *Sender) line() ([]byte, error) {
 	line, err := s.br.ReadSlice('\n')
 	if err != nil {
 		if errors.Is(err, bufio.ErrBufferFull) {
@@ -147,7 +157,7 @@ func (s *rawSender) line() ([]byte, error) {
 }
 
 // chunks reads a chunked body into answer, and the trailer after it.
-func (s *rawSender) chunks(answer *bytes.Buffer) error {
+func (s *Sender) chunks(answer *bytes.Buffer) error {
 	for {
 		line, err := s.line()
 		if err != nil {
@@ -179,7 +189,8 @@ func (s *rawSender) chunks(answer *bytes.Buffer) error {
 	}
 }
 
-func (s *rawSender) close() {
+// Close closes the connection.
+func (s *Sender) Close() {
 	if s.conn != nil {
 		s.conn.Close()
 		s.conn = nil
