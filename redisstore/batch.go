@@ -19,25 +19,36 @@ type Pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
 
+// minPipeline is the fewest queued commands that open another pipeline
+// while one is in flight: a round trip costs Redis a read, a write and a
+// script call besides the decisions, so a pipeline is worth sending beside
+// one in flight only when it carries a few of them.
+const minPipeline = 8
+
 // batcher sends the commands of concurrent callers together, in pipelines
-// of at most max commands, with one send in flight at a time (group
-// commit): a caller that finds nothing in flight sends its own command at
-// once, under its own context, as without batching; while it waits for the
-// reply, later callers queue up for the next pipeline, which a goroutine of
-// the batcher sends. A lone caller pays one round trip, as without
-// batching; many callers share round trips, and Redis reads, runs and
-// answers them back to back.
+// of at most max commands, with at most flights sends in flight at once
+// (group commit over a few connections). A caller that finds nothing in
+// flight sends its own command at once, under its own context, as without
+// batching. While sends are in flight, later callers queue up; the first
+// send to come back takes the queue (up to max commands) as its next
+// pipeline, in a goroutine of the batcher, and goes on until the queue is
+// empty; and when minPipeline commands are queued and fewer than flights
+// sends are in flight, a new send takes them at once. A lone caller pays
+// one round trip, as without batching; many callers share round trips,
+// and Redis reads, runs and answers them back to back, with the next
+// pipeline already sent while the client reads a reply.
 //
 // Every command of a pipeline is a decisionCmd, which go-redis does not
 // retry: a pipeline whose reply is lost fails all its commands once.
 type batcher struct {
-	client Pipeliner
-	max    int
-	anyKey bool // takes of different buckets may share a script call
+	client  Pipeliner
+	max     int
+	flights int  // the most sends in flight at once, >= 1
+	anyKey  bool // takes of different buckets may share a script call
 
-	mu      sync.Mutex
-	queue   []*pending // empty unless running
-	running bool       // a command or a pipeline is in flight, or about to be
+	mu     sync.Mutex
+	queue  []*pending // empty unless flying > 0
+	flying int        // sends in flight, or about to be
 
 	pipelines atomic.Uint64 // pipelines sent
 	shared    atomic.Uint64 // takes sent in the script call of another
@@ -50,28 +61,38 @@ type pending struct {
 	done chan struct{}
 }
 
-// process sends cmd in the next pipeline and waits for its reply, or for
-// ctx to end. A command still queued when ctx ends is withdrawn, unsent; one
-// already sent is left to finish, and its outcome is unknown to the caller,
-// as for an unbatched command whose reply it stopped waiting for.
+// process sends cmd at once if nothing is in flight, else in a later
+// pipeline, and waits for its reply, or for ctx to end. A
+// command still queued when ctx ends is withdrawn, unsent; one already
+// sent is left to finish, and its outcome is unknown to the caller, as for
+// an unbatched command whose reply it stopped waiting for.
 func (b *batcher) process(ctx context.Context, cmd decisionCmd) error {
 	b.mu.Lock()
-	if !b.running { // nothing in flight, so nothing queued either
-		b.running = true
+	if b.flying == 0 { // so nothing is queued
+		b.flying++
 		b.mu.Unlock()
 		err := b.client.Process(ctx, cmd)
 		b.mu.Lock()
 		more := len(b.queue) > 0
-		b.running = more
+		if !more {
+			b.flying--
+		}
 		b.mu.Unlock()
-		if more {
+		if more { // this send goes on with the queue
 			go b.drain()
 		}
 		return err
 	}
 	p := &pending{cmd: cmd, done: make(chan struct{})}
 	b.queue = append(b.queue, p)
+	open := b.flying < b.flights && len(b.queue) >= minPipeline
+	if open {
+		b.flying++
+	}
 	b.mu.Unlock()
+	if open {
+		go b.drain()
+	}
 	select {
 	case <-p.done:
 		return cmd.Err()
@@ -90,14 +111,16 @@ func (b *batcher) process(ctx context.Context, cmd decisionCmd) error {
 	return ctx.Err()
 }
 
-// drain sends pipelines until the queue is empty.
+// drain, one of the sends in flight, sends pipelines until the queue is
+// empty.
 func (b *batcher) drain() {
 	for b.sendNext() {
 	}
 }
 
 // sendNext sends the first max queued commands in one pipeline and
-// reports whether more are queued; if none are, it clears b.running.
+// reports whether more are queued; if none are, this send is no longer in
+// flight.
 func (b *batcher) sendNext() (more bool) {
 	b.mu.Lock()
 	n := min(len(b.queue), b.max)
@@ -130,7 +153,7 @@ func (b *batcher) sendNext() (more bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.queue) == 0 {
-		b.running = false
+		b.flying--
 		return false
 	}
 	return true

@@ -62,6 +62,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
 )
 
@@ -76,6 +77,9 @@ const (
 	// DefaultBatch is the most decisions sent together when Options.Batch
 	// is zero and the client has pipelines.
 	DefaultBatch = 64
+	// DefaultPipelines is the most pipelines in flight at once when
+	// Options.Pipelines is 0.
+	DefaultPipelines = 2
 )
 
 // epochUnix is the store's time zero, 2020-01-01T00:00:00Z, in seconds since
@@ -120,8 +124,8 @@ type Options struct {
 	MinTTL time.Duration
 	// Batch is the most decisions sent together: the decisions that
 	// callers of this Store make at the same time go in one go-redis
-	// pipeline of at most Batch scripts, one pipeline in flight at a time,
-	// and the takes in it under one limit share one script call where
+	// pipeline of at most Batch scripts, at most Pipelines of them in
+	// flight at a time, and the takes in it under one limit share one script call where
 	// Redis allows (any keys on a standalone server, one key on a Cluster
 	// or Ring), as do the multi-takes under the same limits (any buckets
 	// on a standalone server, the same buckets on a Cluster or Ring). A lone caller is sent at once, so batching adds no wait;
@@ -135,6 +139,16 @@ type Options struct {
 	// decision its own round trip. Above 1 the client must be a Pipeliner.
 	// Negative is an error.
 	Batch int
+	// Pipelines is the most pipelines in flight at once with batching,
+	// each on a connection of its own. A lone caller's decision is sent at
+	// once; while it is in flight, later decisions wait for it to come
+	// back, unless 8 or more of them are waiting and fewer than Pipelines
+	// are in flight: then they go at once, in a pipeline of their own. So
+	// Redis always has work while the client reads a reply, and no
+	// pipeline is sent for fewer than 8 decisions but the first. Default 0:
+	// DefaultPipelines. 1: one pipeline at a time. Negative is an error;
+	// without batching (Batch 1) it has no effect.
+	Pipelines int
 }
 
 // Store is a sluice.Store in Redis. It is safe for concurrent use and holds
@@ -281,11 +295,17 @@ func New(client Client, o Options) (*Store, error) {
 	case o.Batch > 1 && !pipelines:
 		return nil, fmt.Errorf("%w: redisstore: Options.Batch %d needs a client with go-redis pipelines (a Pipeliner); %T is not one, so use 0 or 1", sluice.ErrInvalidOption, o.Batch, client)
 	}
+	switch {
+	case o.Pipelines < 0:
+		return nil, fmt.Errorf("%w: redisstore: Options.Pipelines %d is negative; use 0 (the default, %d), or 1 or more", sluice.ErrInvalidOption, o.Pipelines, DefaultPipelines)
+	case o.Pipelines == 0:
+		o.Pipelines = DefaultPipelines
+	}
 	if o.Batch > 1 {
 		// A standalone client (not a Cluster or a Ring, whose keys live
 		// on several servers) can send one script call for the takes of
 		// several buckets.
-		b = &batcher{client: p, max: o.Batch, anyKey: sp == anyKeys}
+		b = &batcher{client: p, max: o.Batch, flights: o.Pipelines, anyKey: sp == anyKeys}
 	}
 	return &Store{
 		batch:  b,

@@ -510,6 +510,7 @@ func TestNewOptions(t *testing.T) {
 		{"request-ID TTL of 2^53 - 1 µs", Options{RequestIDTTL: (1<<53 - 1) * time.Microsecond}, ""},
 		{"negative minimum TTL", Options{MinTTL: -time.Second}, "MinTTL"},
 		{"negative batch", Options{Batch: -1}, "Batch"},
+		{"negative pipelines", Options{Pipelines: -1}, "Pipelines"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1078,5 +1079,96 @@ func TestOneScriptLoadPerFlush(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestBatchPipelinesInFlight: with batching, decisions queued behind a
+// send in flight wait for it to come back, unless minPipeline or more of
+// them are waiting and fewer than Options.Pipelines sends are in flight:
+// then they go at once, in a pipeline of their own. Every reply is delayed
+// by a proxy, so a queued decision that waits for the first send's reply
+// takes about two delays, one sent at once about one.
+func TestBatchPipelinesInFlight(t *testing.T) {
+	const delay = 400 * time.Millisecond
+	direct := redistest.Client(t)
+	p, err := faultproxy.New(redistest.Options(t).Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	o := redistest.Options(t)
+	o.Addr = p.Addr()
+	// The connections are open before the delay, as a new one would wait
+	// for the delayed replies of its handshake: WAIT for a replica that
+	// does not exist holds a connection for 100 ms, so two at once hold
+	// two, from the main pool and from go-redis's pool for pipelines.
+	via := redis.NewClient(o)
+	t.Cleanup(func() { via.Close() })
+	var warm sync.WaitGroup
+	for range 2 {
+		warm.Go(func() {
+			if err := via.Do(t.Context(), "WAIT", 1, 100).Err(); err != nil {
+				t.Error(err)
+			}
+		})
+		warm.Go(func() {
+			if _, err := via.Pipelined(t.Context(), func(p redis.Pipeliner) error { return p.Do(t.Context(), "WAIT", 1, 100).Err() }); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	warm.Wait()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
+	for _, tt := range []struct {
+		pipelines, queued int
+		atOnce            bool
+	}{
+		{pipelines: 0, queued: minPipeline, atOnce: true}, // the default, 2
+		{pipelines: 2, queued: minPipeline - 1, atOnce: false},
+		{pipelines: 1, queued: minPipeline, atOnce: false},
+	} {
+		t.Run(fmt.Sprintf("pipelines=%d/queued=%d", tt.pipelines, tt.queued), func(t *testing.T) {
+			ctx := t.Context()
+			s, err := New(via, Options{Prefix: newPrefix(t, direct), Batch: 64, Pipelines: tt.pipelines})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Load the script, so that no send meets NOSCRIPT.
+			if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "warm", Cost: 1, Limit: l}); err != nil {
+				t.Fatal(err)
+			}
+			p.SetLatency(delay)
+			defer p.SetLatency(0)
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "first", Cost: 1, Limit: l}); err != nil {
+					t.Error(err)
+				}
+			})
+			time.Sleep(delay / 4) // "first" is in flight
+			took := make([]time.Duration, tt.queued)
+			for i := range tt.queued {
+				wg.Go(func() {
+					start := time.Now()
+					d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: fmt.Sprint("q", i), Cost: 1, Limit: l})
+					took[i] = time.Since(start)
+					if err != nil || !d.Allowed || d.Remaining != 9 {
+						t.Errorf("queued take %d = %+v, %v; want allowed with 9 remaining", i, d, err)
+					}
+				})
+			}
+			wg.Wait()
+			// Sent at once: about one delay. Behind "first": the rest of
+			// its delay (3/4) and one of their own.
+			limit := delay * 3 / 2
+			for i, d := range took {
+				if tt.atOnce && d >= limit {
+					t.Errorf("queued take %d took %v; want under %v (sent at once, beside the first)", i, d, limit)
+				}
+				if !tt.atOnce && d < limit {
+					t.Errorf("queued take %d took %v; want at least %v (sent after the first came back)", i, d, limit)
+				}
+			}
+		})
 	}
 }
