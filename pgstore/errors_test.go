@@ -222,6 +222,11 @@ func TestMisconfigured(t *testing.T) {
 			applyOldSchema(t, 3, schema, "b")
 			return unmigrated(t, testPool, schema, "b")
 		}, "run Migrate", false},
+		{"schema version 4", func(t *testing.T) *pgstore.Store {
+			schema := ownSchema(t)
+			applyOldSchema(t, 4, schema, "b")
+			return unmigrated(t, testPool, schema, "b")
+		}, "run Migrate", false},
 		{"functions dropped after use", func(t *testing.T) *pgstore.Store {
 			s, schema := used(t)
 			dropFunctions(t, schema, "b")

@@ -84,7 +84,7 @@ func TestMigrateIdempotent(t *testing.T) {
 	}
 	first := catalog(t, schema, "Buckets")
 	for _, want := range []string{
-		"r Buckets fillfactor=75", "r Buckets_request_ids ", "r Buckets_floor ", "i Buckets_pkey ", "i Buckets_full_at_idx ",
+		"r Buckets fillfactor=75", "r Buckets_request_ids ", "r Buckets_floor ", "i Buckets_pkey ", "i Buckets_sweep_idx ",
 		"i Buckets_request_ids_pkey ", "i Buckets_request_ids_exp_idx ", "i Buckets_floor_pkey ",
 		"comment Buckets sluice pgstore token buckets, schema version " + strconv.Itoa(pgstore.SchemaVersion),
 		"column " + schema + `."Buckets_request_ids" refunded boolean not null`,
@@ -149,7 +149,7 @@ func applyOldSchema(t *testing.T, v int, schema, table string) {
 		"Version": v, "Schema": pgx.Identifier{schema}.Sanitize(), "Buckets": q(""), "RequestIDs": q("_request_ids"),
 		"FullAtIndex": pgx.Identifier{table + "_full_at_idx"}.Sanitize(), "ExpiresIndex": pgx.Identifier{table + "_request_ids_exp_idx"}.Sanitize(),
 		"Clock": q("_clock"), "Wait": q("_wait"), "Advance": q("_advance"), "Take": q("_take"), "Peek": q("_peek"), "Sweep": q("_sweep"),
-		"Floor": q("_floor"), "FullAt": q("_full_at"),
+		"Floor": q("_floor"), "FullAt": q("_full_at"), "TakeAll": q("_take_all"), "Refund": q("_refund"), "Reset": q("_reset"),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -256,7 +256,7 @@ func TestLongestNames(t *testing.T) {
 		t.Fatalf("Take = %+v, %v", d, err)
 	}
 	objs := catalog(t, schema, table)
-	for _, want := range []string{"r " + table + " ", "r " + table + "_request_ids ", "i " + table + "_full_at_idx ", "i " + table + "_request_ids_exp_idx ", "function " + table + "_take "} {
+	for _, want := range []string{"r " + table + " ", "r " + table + "_request_ids ", "i " + table + "_sweep_idx ", "i " + table + "_request_ids_exp_idx ", "function " + table + "_take "} {
 		if !contains(objs, want) {
 			t.Errorf("no %q in the catalog:\n%s", want, strings.Join(objs, "\n"))
 		}
@@ -667,5 +667,143 @@ func TestMigrateRefusesNewer(t *testing.T) {
 	}
 	if d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}); err != nil || !d.Allowed {
 		t.Fatalf("Take on a newer schema = %+v, %v; want allowed", d, err)
+	}
+}
+
+// TestTakeIsHeapOnlyUpdate: a take of an existing bucket changes no
+// indexed column, so PostgreSQL updates it in place (a heap-only tuple):
+// no index entry is written, and a hot key's row stays one entry in each
+// index. Ten takes of one bucket in one transaction, each a millisecond
+// apart, are one insert and nine updates, all of them heap-only. (With the
+// index on full_at of schema version 4, none was.)
+func TestTakeIsHeapOnlyUpdate(t *testing.T) {
+	ctx := t.Context()
+	_, table := newStoreTable(t, pgstore.Options{})
+	q := func(suffix string) string { return pgx.Identifier{testSchema, table + suffix}.Sanitize() }
+	tx, err := testPool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	const takes = 10
+	// A second into one of sweep_at's units (2^23 µs), so that the takes'
+	// full_at stays in it.
+	start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()>>23<<23 + 1e6
+	for i := range takes {
+		// A bucket of 100 refilled at 100 a second: each take of 2, a
+		// millisecond after the last, moves full_at by 19 ms.
+		if _, err := tx.Exec(ctx, "SELECT * FROM "+q("_take")+"($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+			testPolicy, []byte("hot"), int64(2), int64(100), int64(100), int64(1e6), int64(1), int64(1e4), int32(0), nil, int64(300e6), start+int64(i)*1e3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var inserted, updated, hot int64
+	if err := tx.QueryRow(ctx, "SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relid = $1::regclass", q("")).Scan(&inserted, &updated, &hot); err != nil {
+		t.Fatal(err)
+	}
+	if inserted != 1 || updated != takes-1 || hot != takes-1 {
+		t.Fatalf("%d takes of one bucket: %d inserts, %d updates, %d heap-only; want 1, %d, %d", takes, inserted, updated, hot, takes-1, takes-1)
+	}
+}
+
+// TestMigrateFromVersion4: Migrate upgrades a schema of version 4
+// (testdata/schema_v4.sql), whose sweeper index on full_at made every
+// update of a bucket write index entries: the buckets gain sweep_at, the
+// index on full_at is replaced by one on sweep_at, and the schema is then
+// the one Migrate makes from nothing. A process of version 4 goes on
+// deciding with its prepared statements (no function changed its
+// signature), its request IDs are replayed by this version, and the
+// sweeper finds the buckets it left.
+func TestMigrateFromVersion4(t *testing.T) {
+	ctx := context.Background()
+	schema, table := ownSchema(t), "Buckets"
+	q := func(suffix string) string { return pgx.Identifier{schema, table + suffix}.Sanitize() }
+	fresh, err := pgstore.New(ctx, testPool, pgstore.Options{Schema: schema, Table: table, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	if err := fresh.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate from nothing: %v", err)
+	}
+	want := catalog(t, schema, table)
+	if _, err := testPool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	applyOldSchema(t, 4, schema, table)
+	if objs := catalog(t, schema, table); !contains(objs, "i "+table+"_full_at_idx ") || contains(objs, "i "+table+"_sweep_idx ") {
+		t.Fatalf("the version 4 schema has no index on full_at, or one on sweep_at:\n%s", strings.Join(objs, "\n"))
+	}
+
+	conn, err := testPool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	// A version 4 take, at an explicit time: a bucket of 10 refilled at 1
+	// a second.
+	at := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	oldDecide := func(key string, cost int64, id string, now time.Time) (status int32, allowed bool, remaining int64) {
+		t.Helper()
+		var retry, reset, c, capacity, tokens, period, wait int64
+		var converted bool
+		var idArg any
+		if id != "" {
+			idArg = []byte(id)
+		}
+		if err := conn.QueryRow(ctx, "SELECT o_status, o_allowed, o_remaining, o_retry_us, o_reset_us, o_cost, o_capacity, o_rate_tokens, o_period_us, o_lock_wait_us, o_converted FROM "+
+			q("_take")+"($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+			testPolicy, []byte(key), cost, int64(10), int64(1), int64(1e6), int64(1), int64(1e6), int32(0), idArg, int64(3600e6), now.UnixMicro()).
+			Scan(&status, &allowed, &remaining, &retry, &reset, &c, &capacity, &tokens, &period, &wait, &converted); err != nil {
+			t.Fatalf("a version 4 take: %v", err)
+		}
+		return status, allowed, remaining
+	}
+	if status, allowed, remaining := oldDecide("k", 4, "r", at); status != 0 || !allowed || remaining != 6 {
+		t.Fatalf("a version 4 take of 4 from a new bucket of 10 = status %d, %v, %d remaining; want 0, allowed, 6", status, allowed, remaining)
+	}
+
+	s, err := pgstore.New(ctx, testPool, pgstore.Options{Schema: schema, Table: table, SweepInterval: -1, Now: func() time.Time { return at }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
+	if _, err := s.Take(ctx, reqID(testPolicy, "k", 4, l, "r")); !errors.Is(err, sluice.ErrMisconfigured) || !strings.Contains(err.Error(), "run Migrate") {
+		t.Fatalf("Take on a version 4 schema = %v; want %v saying to run Migrate", err, sluice.ErrMisconfigured)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate from version 4: %v", err)
+	}
+	if diff := cmp.Diff(want, catalog(t, schema, table)); diff != "" {
+		t.Errorf("the schema migrated from version 4 is not the one made from nothing (-fresh +migrated):\n%s", diff)
+	}
+	var sweepAt, fullAt int64
+	if err := testPool.QueryRow(ctx, "SELECT sweep_at, full_at FROM "+q("")+" WHERE policy = $1 AND key = $2", testPolicy, []byte("k")).Scan(&sweepAt, &fullAt); err != nil {
+		t.Fatal(err)
+	}
+	if want := fullAt >> 23; sweepAt != want {
+		t.Fatalf("the version 4 bucket's sweep_at = %d; want full_at >> 23 = %d", sweepAt, want)
+	}
+
+	// The version 4 process's request ID, replayed by it and by this one.
+	if status, allowed, remaining := oldDecide("k", 4, "r", at); status != 1 || !allowed || remaining != 6 {
+		t.Fatalf("a version 4 retry of its request ID after Migrate = status %d, %v, %d remaining; want the replay (1, allowed, 6)", status, allowed, remaining)
+	}
+	if d, err := s.Take(ctx, reqID(testPolicy, "k", 4, l, "r")); err != nil || !d.Replayed || d.Remaining != 6 {
+		t.Fatalf("retry of the version 4 request ID = %+v, %v; want its replay (6 remaining)", d, err)
+	}
+	if status, allowed, remaining := oldDecide("k2", 1, "", at); status != 0 || !allowed || remaining != 9 {
+		t.Fatalf("a version 4 take after Migrate = status %d, %v, %d remaining; want 0, allowed, 9", status, allowed, remaining)
+	}
+	// 4 s after at, "k" (6 of 10) is full again, and k2 (9 of 10) too: the
+	// sweeper finds both through the new index.
+	at = at.Add(4 * time.Second)
+	n, err := s.Sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Buckets != 2 {
+		t.Fatalf("Sweep 4 s later = %+v; want the 2 full buckets deleted", n)
 	}
 }

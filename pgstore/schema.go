@@ -15,9 +15,11 @@ import (
 // It is recorded as a comment on the tables. Version 3 keys buckets and
 // request IDs by (policy, key) and adds the sweep floor; version 4 adds the
 // functions of the operations beyond a take (sluice.Operator) and the
-// refunded mark of a request ID. Migrate upgrades versions 1 to 3 to it
+// refunded mark of a request ID; version 5 indexes buckets for the sweeper
+// by full_at in units of about 8 s (sweep_at), so that updating a bucket
+// writes no index entry. Migrate upgrades versions 1 to 4 to it
 // (docs/postgres.md).
-const SchemaVersion = 4
+const SchemaVersion = 5
 
 // Bounds on the names in Options.
 const (
@@ -42,7 +44,8 @@ type names struct {
 	Buckets      string // qualified and quoted
 	RequestIDs   string
 	Floor        string
-	FullAtIndex  string // quoted, not qualified (an index lives in its table's schema)
+	FullAtIndex  string // quoted, not qualified (an index lives in its table's schema); versions 1 to 4
+	SweepIndex   string
 	ExpiresIndex string
 	Clock        string
 	Wait         string
@@ -65,6 +68,7 @@ func newNames(schema, table string) names {
 		RequestIDs:   q("_request_ids"),
 		Floor:        q("_floor"),
 		FullAtIndex:  pgx.Identifier{table + "_full_at_idx"}.Sanitize(),
+		SweepIndex:   pgx.Identifier{table + "_sweep_idx"}.Sanitize(),
 		ExpiresIndex: pgx.Identifier{table + "_request_ids_exp_idx"}.Sanitize(),
 		Clock:        q("_clock"),
 		Wait:         q("_wait"),

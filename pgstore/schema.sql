@@ -12,6 +12,11 @@
 -- processes of those versions keep deciding on their own buckets while a
 -- deployment rolls over (see docs/postgres.md).
 --
+-- Schema version 5 replaces the index on full_at with one on sweep_at,
+-- full_at in units of about 8 seconds, so that an update of a bucket is a heap-only
+-- update (see the bucket table). Migrate upgrades older versions in place;
+-- no function changes its signature.
+--
 -- Schema version 4 adds the operations beyond a take: multi-takes and
 -- drains ({{.TakeAll}}), refunds ({{.Refund}}) and resets ({{.Reset}}),
 -- and the refunded mark of a request ID. Migrate upgrades a schema of
@@ -37,10 +42,16 @@ CREATE TABLE IF NOT EXISTS {{.Buckets}} (
 	rate_tokens bigint  NOT NULL,
 	period_us   bigint  NOT NULL,
 	full_at     bigint,           -- µs: full again from here on; NULL: never
-	PRIMARY KEY (policy, key)
+	PRIMARY KEY (policy, key),
+	-- The sweeper's index key: full_at in units of 2^23 µs (about 8.4 s).
+	-- An allowed take moves full_at by its cost's refill time, a denial
+	-- not at all; sweep_at changes only when full_at crosses a unit, so
+	-- most updates of a bucket change no indexed column and PostgreSQL
+	-- makes them heap-only (HOT): no new index entries, and a hot key's
+	-- row stays one index entry long (version 5). The sweeper reads the
+	-- buckets of the current unit that are not full yet, and skips them.
+	sweep_at    bigint GENERATED ALWAYS AS (full_at >> 23) STORED
 ) WITH (fillfactor = 75);
-
-CREATE INDEX IF NOT EXISTS {{.FullAtIndex}} ON {{.Buckets}} (full_at);
 
 CREATE TABLE IF NOT EXISTS {{.RequestIDs}} (
 	policy      text COLLATE "C" NOT NULL,
@@ -60,6 +71,20 @@ CREATE TABLE IF NOT EXISTS {{.RequestIDs}} (
 );
 
 CREATE INDEX IF NOT EXISTS {{.ExpiresIndex}} ON {{.RequestIDs}} (expires_at);
+
+-- Upgrading from schema version 4 or older: their bucket table has no
+-- sweep_at and an index on full_at, which made every update of a bucket
+-- write index entries. Adding the stored column rewrites the table under
+-- an exclusive lock, in the migration's transaction (docs/postgres.md).
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = '{{.Buckets}}'::regclass AND attname = 'sweep_at' AND NOT attisdropped) THEN
+		ALTER TABLE {{.Buckets}} ADD COLUMN sweep_at bigint GENERATED ALWAYS AS (full_at >> 23) STORED;
+	END IF;
+END
+$$;
+DROP INDEX IF EXISTS {{.Schema}}.{{.FullAtIndex}};
+CREATE INDEX IF NOT EXISTS {{.SweepIndex}} ON {{.Buckets}} (sweep_at);
 
 -- Upgrading from schema version 1 or 2: their tables have no policy
 -- column and are keyed by key alone. Add the column, with the policy ''
@@ -1050,7 +1075,7 @@ BEGIN
 	PERFORM set_config('synchronous_commit', 'off', true);
 	DELETE FROM {{.Buckets}}
 	WHERE ctid = ANY (ARRAY(
-		SELECT ctid FROM {{.Buckets}} WHERE full_at <= v_now
+		SELECT ctid FROM {{.Buckets}} WHERE sweep_at <= (v_now >> 23) AND full_at <= v_now
 		LIMIT p_limit FOR UPDATE SKIP LOCKED))
 	AND full_at <= v_now;
 	GET DIAGNOSTICS o_buckets = ROW_COUNT;

@@ -1,0 +1,233 @@
+package postgres
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/pgstore"
+)
+
+// The flags of TestTable, which runs only when -table is given:
+//
+//	cd bench && go test -v -run Table -count 1 -timeout 30m ./postgres/ -args -table -rounds 5 -seconds 5
+var (
+	tableFlag     = flag.Bool("table", false, "run TestTable, the interleaved table of docs/BENCHMARKS.md")
+	tableRounds   = flag.Int("rounds", 5, "TestTable: rounds")
+	tableSeconds  = flag.Float64("seconds", 5, "TestTable: seconds per limiter, cell and round")
+	tableSync     = flag.String("sync", "on", "TestTable: synchronous_commit")
+	tableLimiters = flag.String("limiters", "upsert,sluice", "TestTable: the limiters, in the order of each round")
+)
+
+// A tableLimiter makes one decision for a key; setup returns it.
+type tableLimiter struct {
+	name  string
+	setup func(tb testing.TB) func(ctx context.Context, key string) error
+}
+
+// tableLimiterSet holds the limiters TestTable can run, by name:
+//
+//   - upsert, the ceiling: one bare INSERT ... ON CONFLICT DO UPDATE ...
+//     RETURNING of a counter in a table of (key, counter), the least a
+//     durable per-key counter in PostgreSQL can cost per decision;
+//   - sluice, pgstore's Take as New makes it, with the timeouts of
+//     newStore (so each decision sets them in its transaction);
+//   - sluice-notimeouts, the same store with no statement or lock timeout.
+var tableLimiterSet = map[string]tableLimiter{
+	"upsert": {"upsert", func(tb testing.TB) func(ctx context.Context, key string) error {
+		pool := tablePool(tb)
+		table := pgx.Identifier{schema, "upsert_ceiling"}.Sanitize()
+		if _, err := pool.Exec(context.Background(), "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()+"; CREATE TABLE IF NOT EXISTS "+table+" (key bytea PRIMARY KEY, n bigint NOT NULL)"); err != nil {
+			tb.Fatal(err)
+		}
+		sql := "INSERT INTO " + table + " AS c (key, n) VALUES ($1, 1) ON CONFLICT (key) DO UPDATE SET n = c.n + 1 RETURNING n"
+		return func(ctx context.Context, key string) error {
+			var n int64
+			return pool.QueryRow(ctx, sql, []byte(key)).Scan(&n)
+		}
+	}},
+	"sluice": {"sluice", func(tb testing.TB) func(ctx context.Context, key string) error {
+		return tableSluice(newStore(tb, "table_sluice", *tableSync))
+	}},
+	"sluice-notimeouts": {"sluice-notimeouts", func(tb testing.TB) func(ctx context.Context, key string) error {
+		pool := tablePool(tb)
+		s, err := pgstore.New(context.Background(), pool, pgstore.Options{Schema: schema, Table: "table_sluice", SweepInterval: -1})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { s.Close() })
+		if err := s.Migrate(context.Background()); err != nil {
+			tb.Fatal(err)
+		}
+		return tableSluice(s)
+	}},
+}
+
+// tableSluice returns a decider that takes one token of a key from s,
+// under a limit that allows every decision.
+func tableSluice(s *pgstore.Store) func(ctx context.Context, key string) error {
+	l := sluice.Limit{Capacity: 1 << 40, Rate: sluice.PerSecond(1 << 30)}
+	return func(ctx context.Context, key string) error {
+		_, err := s.Take(ctx, sluice.Request{Policy: "bench", Key: key, Cost: 1, Limit: l})
+		return err
+	}
+}
+
+// tablePool returns a pool of callers connections with synchronous_commit
+// set by -sync, closed when tb ends.
+func tablePool(tb testing.TB) *pgxpool.Pool {
+	cfg, err := pgxpool.ParseConfig(serverURL)
+	if err != nil {
+		tb.Fatalf("SLUICE_POSTGRES_URL: %v", err)
+	}
+	cfg.MaxConns = callers
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = *tableSync
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+// TestTable runs every limiter with 16 callers on spread keys (every
+// decision a key never decided before, so each creates its row) and on one
+// hot key, once per round, the limiters of a cell back to back, and prints
+// the medians over the rounds as the Markdown table of docs/BENCHMARKS.md.
+func TestTable(t *testing.T) {
+	if !*tableFlag {
+		t.Skip("the interleaved table runs only with -args -table")
+	}
+	if skipReason != "" {
+		t.Skip(skipReason)
+	}
+	var ls []tableLimiter
+	for _, name := range strings.Split(*tableLimiters, ",") {
+		l, ok := tableLimiterSet[name]
+		if !ok {
+			t.Fatalf("-limiters: unknown limiter %q", name)
+		}
+		ls = append(ls, l)
+	}
+	deciders := make(map[string]func(context.Context, string) error)
+	for _, l := range ls {
+		deciders[l.name] = l.setup(t)
+	}
+	d := time.Duration(*tableSeconds * float64(time.Second))
+	workloads := []string{"spread", "hot"}
+	results := make(map[string]map[string][]float64)
+	for r := range *tableRounds {
+		for _, w := range workloads {
+			if results[w] == nil {
+				results[w] = make(map[string][]float64)
+			}
+			for _, l := range ls {
+				rate, err := runTableCell(deciders[l.name], w, fmt.Sprintf("r%d-%s-", r, l.name), d)
+				if err != nil {
+					t.Fatalf("round %d, %s, %s: %v", r+1, l.name, w, err)
+				}
+				results[w][l.name] = append(results[w][l.name], rate)
+				fmt.Fprintf(os.Stderr, "round %d %s %s: %.0f/s\n", r+1, l.name, w, rate)
+			}
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "| keys | callers |")
+	for _, l := range ls {
+		fmt.Fprintf(&b, " %s dec/s |", l.name)
+	}
+	for _, l := range ls[1:] {
+		fmt.Fprintf(&b, " %s ÷ %s |", l.name, ls[0].name)
+	}
+	b.WriteString("\n|---|---:|" + strings.Repeat("---:|", 2*len(ls)-1) + "\n")
+	for _, w := range workloads {
+		fmt.Fprintf(&b, "| %s | %d |", w, callers)
+		for _, l := range ls {
+			fmt.Fprintf(&b, " %s |", thousands(median(slices.Clone(results[w][l.name]))))
+		}
+		for _, l := range ls[1:] {
+			var v []float64
+			for i, x := range results[w][l.name] {
+				v = append(v, x/results[w][ls[0].name][i])
+			}
+			fmt.Fprintf(&b, " %.2f× |", median(v))
+		}
+		b.WriteString("\n")
+	}
+	fmt.Print(b.String())
+}
+
+// runTableCell makes decisions with decide from callers concurrent callers
+// for d, on fresh keys named prefix and a number (spread) or on one key of
+// that prefix (hot), and returns the decisions a second.
+func runTableCell(decide func(context.Context, string) error, workload, prefix string, d time.Duration) (float64, error) {
+	ctx := context.Background()
+	hot := prefix + "hot"
+	if err := decide(ctx, hot); err != nil { // create the hot row
+		return 0, err
+	}
+	var n atomic.Int64
+	var firstErr atomic.Pointer[error]
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range callers {
+		wg.Go(func() {
+			for !stop.Load() {
+				i := n.Add(1)
+				key := hot
+				if workload == "spread" {
+					key = prefix + strconv.FormatInt(i, 10)
+				}
+				if err := decide(ctx, key); err != nil {
+					firstErr.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		})
+	}
+	time.Sleep(d)
+	stop.Store(true)
+	wg.Wait()
+	elapsed := time.Since(start)
+	if p := firstErr.Load(); p != nil {
+		return 0, *p
+	}
+	return float64(n.Load()) / elapsed.Seconds(), nil
+}
+
+// median returns the median of v, which it sorts.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+// thousands formats f, rounded, with commas between thousands.
+func thousands(f float64) string {
+	s := strconv.FormatFloat(f, 'f', 0, 64)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
