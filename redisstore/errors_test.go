@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/faultproxy"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -82,15 +82,7 @@ func TestErrorsSayWhatFailed(t *testing.T) {
 func TestBatchForeignValueFailsOnlyItsOwn(t *testing.T) {
 	ctx := t.Context()
 	direct := redistest.Client(t)
-	p, err := faultproxy.New(redistest.Options(t).Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	o := redistest.Options(t)
-	o.Addr = p.Addr()
-	via := redis.NewClient(o)
-	t.Cleanup(func() { via.Close() })
+	p, via := proxied(t, nil)
 	s, err := New(via, Options{Prefix: newPrefix(t, direct), Batch: 64})
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/faultproxy"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -118,3 +120,23 @@ const testPolicy = "test"
 
 // checkLimit is Store.CheckLimit, which does not depend on the store.
 var checkLimit = new(Store).CheckLimit
+
+// proxied returns a fault proxy in front of the standalone test server and
+// a client that connects through it, both closed when t ends. o, if not
+// nil, changes the client's options before it is made.
+func proxied(t *testing.T, o func(*redis.Options)) (*faultproxy.Proxy, *redis.Client) {
+	t.Helper()
+	p, err := faultproxy.New(redistest.Options(t).Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	opts := redistest.Options(t)
+	opts.Addr = p.Addr()
+	if o != nil {
+		o(opts)
+	}
+	via := redis.NewClient(opts)
+	t.Cleanup(func() { via.Close() })
+	return p, via
+}

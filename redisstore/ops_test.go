@@ -13,12 +13,12 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/redis/go-redis/v9"
+	"pgregory.net/rapid"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/faultproxy"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/sluicetest"
-	"pgregory.net/rapid"
 )
 
 // keysOfSlots returns n keys of distinct Cluster slots, in ascending slot
@@ -1152,15 +1152,7 @@ func TestGroupMultiTakes(t *testing.T) {
 func TestBatchSharesMultiTakes(t *testing.T) {
 	ctx := t.Context()
 	direct := redistest.Client(t)
-	p, err := faultproxy.New(redistest.Options(t).Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	o := redistest.Options(t)
-	o.Addr = p.Addr()
-	via := redis.NewClient(o)
-	t.Cleanup(func() { via.Close() })
+	p, via := proxied(t, nil)
 	s, err := New(via, Options{Prefix: newPrefix(t, direct), Batch: 64})
 	if err != nil {
 		t.Fatal(err)

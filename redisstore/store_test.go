@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/faultproxy"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -850,16 +850,7 @@ return 1`
 func TestDeadlineWhileSlow(t *testing.T) {
 	ctx := t.Context()
 	direct := redistest.Client(t)
-	p, err := faultproxy.New(redistest.Options(t).Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	o := redistest.Options(t)
-	o.Addr = p.Addr()
-	o.ContextTimeoutEnabled = true
-	via := redis.NewClient(o)
-	t.Cleanup(func() { via.Close() })
+	p, via := proxied(t, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
 	l := sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(1)}
 	const deadline, slack = 50 * time.Millisecond, 40 * time.Millisecond
 	for _, batch := range batchModes {
@@ -900,15 +891,7 @@ func TestDeadlineWhileSlow(t *testing.T) {
 func TestStatsConversions(t *testing.T) {
 	ctx := t.Context()
 	direct := redistest.Client(t)
-	p, err := faultproxy.New(redistest.Options(t).Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	o := redistest.Options(t)
-	o.Addr = p.Addr()
-	via := redis.NewClient(o)
-	t.Cleanup(func() { via.Close() })
+	p, via := proxied(t, nil)
 	prefix := newPrefix(t, direct)
 	s, err := New(via, Options{Prefix: prefix, Batch: 64})
 	if err != nil {
@@ -1091,19 +1074,11 @@ func TestOneScriptLoadPerFlush(t *testing.T) {
 func TestBatchPipelinesInFlight(t *testing.T) {
 	const delay = 400 * time.Millisecond
 	direct := redistest.Client(t)
-	p, err := faultproxy.New(redistest.Options(t).Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	o := redistest.Options(t)
-	o.Addr = p.Addr()
+	p, via := proxied(t, nil)
 	// The connections are open before the delay, as a new one would wait
 	// for the delayed replies of its handshake: WAIT for a replica that
 	// does not exist holds a connection for 100 ms, so two at once hold
 	// two, from the main pool and from go-redis's pool for pipelines.
-	via := redis.NewClient(o)
-	t.Cleanup(func() { via.Close() })
 	var warm sync.WaitGroup
 	for range 2 {
 		warm.Go(func() {

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,7 +14,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/bench/internal/benchtab"
 	"github.com/sluicehq/sluice/pgstore"
 )
 
@@ -154,14 +155,14 @@ func TestTable(t *testing.T) {
 	for _, w := range workloads {
 		fmt.Fprintf(&b, "| %s | %d |", w, callers)
 		for _, l := range ls {
-			fmt.Fprintf(&b, " %s |", thousands(median(slices.Clone(results[w][l.name]))))
+			fmt.Fprintf(&b, " %s |", benchtab.Thousands(benchtab.Median(results[w][l.name])))
 		}
 		for _, l := range ls[1:] {
 			var v []float64
 			for i, x := range results[w][l.name] {
 				v = append(v, x/results[w][ls[0].name][i])
 			}
-			fmt.Fprintf(&b, " %.2f× |", median(v))
+			fmt.Fprintf(&b, " %.2f× |", benchtab.Median(v))
 		}
 		b.WriteString("\n")
 	}
@@ -205,29 +206,4 @@ func runTableCell(decide func(context.Context, string) error, workload, prefix s
 		return 0, *p
 	}
 	return float64(n.Load()) / elapsed.Seconds(), nil
-}
-
-// median returns the median of v, which it sorts.
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	slices.Sort(v)
-	if len(v)%2 == 1 {
-		return v[len(v)/2]
-	}
-	return (v[len(v)/2-1] + v[len(v)/2]) / 2
-}
-
-// thousands formats f, rounded, with commas between thousands.
-func thousands(f float64) string {
-	s := strconv.FormatFloat(f, 'f', 0, 64)
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
 }

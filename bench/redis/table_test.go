@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,9 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/bench/internal/benchtab"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -39,18 +39,7 @@ const (
 
 // tableLimiterSet holds the limiters TestTable can run, by name.
 var tableLimiterSet = map[string]limiter{
-	"redis_rate": {"redis_rate", func(tb testing.TB, callers int) (decider, func()) {
-		c := newClient(callers)
-		l := redis_rate.NewLimiter(c)
-		lim := redis_rate.Limit{Rate: tableRate, Burst: tableBurst, Period: time.Second}
-		return func(ctx context.Context, key string) (bool, error) {
-			r, err := l.Allow(ctx, key, lim)
-			if err != nil {
-				return false, err
-			}
-			return r.Allowed > 0, nil
-		}, func() { c.Close() }
-	}},
+	"redis_rate":        {"redis_rate", redisRate(tableRate, tableBurst)},
 	"sluice":            {"sluice", tableSluice(redisstore.Options{})},
 	"sluice-batch1":     {"sluice-batch1", tableSluice(redisstore.Options{Batch: 1})},
 	"sluice-pipelines1": {"sluice-pipelines1", tableSluice(redisstore.Options{Pipelines: 1})},
@@ -164,11 +153,11 @@ func TestTable(t *testing.T) {
 			for _, r := range results[c][name] {
 				v = append(v, f(r))
 			}
-			return median(v)
+			return benchtab.Median(v)
 		}
 		rate := func(r cellResult) float64 { return r.perSecond }
 		for _, l := range ls {
-			fmt.Fprintf(&b, " %s |", thousands(med(l.name, rate)))
+			fmt.Fprintf(&b, " %s |", benchtab.Thousands(med(l.name, rate)))
 		}
 		for _, l := range ls[1:] {
 			// The median of the ratios within a round: the figures of a
@@ -177,7 +166,7 @@ func TestTable(t *testing.T) {
 			for i, r := range results[c][l.name] {
 				v = append(v, r.perSecond/results[c][ls[0].name][i].perSecond)
 			}
-			fmt.Fprintf(&b, " %.2f× |", median(v))
+			fmt.Fprintf(&b, " %.2f× |", benchtab.Median(v))
 		}
 		for _, l := range ls {
 			fmt.Fprintf(&b, " %.1f |", med(l.name, func(r cellResult) float64 { return r.cpu }))
@@ -218,7 +207,7 @@ func runCell(tb testing.TB, l limiter, spread bool, callers, n int) (cellResult,
 	if err != nil {
 		return cellResult{}, err
 	}
-	self0 := selfCPU()
+	self0 := selfCPU(tb)
 	var next atomic.Int64
 	var firstErr atomic.Pointer[error]
 	var wg sync.WaitGroup
@@ -243,7 +232,7 @@ func runCell(tb testing.TB, l limiter, spread bool, callers, n int) (cellResult,
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	self1 := selfCPU()
+	self1 := selfCPU(tb)
 	if p := firstErr.Load(); p != nil {
 		return cellResult{}, *p
 	}
@@ -258,36 +247,11 @@ func runCell(tb testing.TB, l limiter, spread bool, callers, n int) (cellResult,
 	}, nil
 }
 
-// median returns the median of v, which it sorts.
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	slices.Sort(v)
-	if len(v)%2 == 1 {
-		return v[len(v)/2]
-	}
-	return (v[len(v)/2-1] + v[len(v)/2]) / 2
-}
-
-// thousands formats f, rounded, with commas between thousands.
-func thousands(f float64) string {
-	s := fmt.Sprintf("%.0f", f)
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
-}
-
 // selfCPU returns the CPU time this process has used, user and system.
-func selfCPU() time.Duration {
+func selfCPU(tb testing.TB) time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+		tb.Fatalf("getrusage: %v", err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

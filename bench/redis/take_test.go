@@ -93,7 +93,18 @@ func newClient(callers int) *redis.Client {
 }
 
 var limiters = []limiter{
-	{"redis_rate", func(tb testing.TB, callers int) (decider, func()) {
+	{"redis_rate", redisRate(rate, burst)},
+	sluiceDefault,
+	{"sluice-unbatched", func(tb testing.TB, callers int) (decider, func()) {
+		c := newClient(callers)
+		return sluiceDecider(tb, c, 1), func() { c.Close() }
+	}},
+}
+
+// redisRate returns the setup of go-redis/redis_rate under a burst of
+// burst and rate tokens a second.
+func redisRate(rate, burst int) func(tb testing.TB, callers int) (decider, func()) {
+	return func(tb testing.TB, callers int) (decider, func()) {
 		c := newClient(callers)
 		l := redis_rate.NewLimiter(c)
 		lim := redis_rate.Limit{Rate: rate, Burst: burst, Period: time.Second}
@@ -104,12 +115,7 @@ var limiters = []limiter{
 			}
 			return r.Allowed > 0, nil
 		}, func() { c.Close() }
-	}},
-	sluiceDefault,
-	{"sluice-unbatched", func(tb testing.TB, callers int) (decider, func()) {
-		c := newClient(callers)
-		return sluiceDecider(tb, c, 1), func() { c.Close() }
-	}},
+	}
 }
 
 // sluiceDefault is redisstore as New makes it by default: concurrent
