@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice/internal/faultproxy"
 	"github.com/sluicehq/sluice/internal/redistest"
 )

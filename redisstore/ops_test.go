@@ -13,12 +13,11 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/redis/go-redis/v9"
-	"pgregory.net/rapid"
-
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/sluicetest"
+	"pgregory.net/rapid"
 )
 
 // keysOfSlots returns n keys of distinct Cluster slots, in ascending slot

@@ -62,7 +62,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice"
 )
 

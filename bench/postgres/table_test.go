@@ -14,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bench/internal/benchtab"
 	"github.com/sluicehq/sluice/pgstore"
