@@ -35,7 +35,8 @@ import (
 type Store struct {
 	now        func() time.Time // nil: the monotonic clock
 	epoch      time.Time
-	seed       maphash.Seed // of keys
+	seed       maphash.Seed // of keys longer than inlineKey
+	keyKeys    [3]uint64    // of shorter keys
 	policySeed maphash.Seed // of policy names longer than 8 bytes
 	policyKeys [2]uint64    // of shorter policy names
 	shards     []shard
@@ -73,6 +74,7 @@ func New(o Options) (*Store, error) {
 	s := &Store{
 		now:        o.Now,
 		seed:       maphash.MakeSeed(),
+		keyKeys:    [3]uint64{rand.Uint64(), rand.Uint64(), rand.Uint64()},
 		policySeed: maphash.MakeSeed(),
 		policyKeys: [2]uint64{rand.Uint64(), rand.Uint64()},
 		conversion: o.OnLimitChange,
@@ -169,14 +171,23 @@ func (s *Store) takeFields(ctx context.Context, policy, key string, cost int64, 
 		r := sluice.Request{Policy: policy, Key: key, Cost: cost, Limit: l, RequestID: id}
 		return r.Validate()
 	}
-	// pn, h := s.identify(policy, key), with names of 4 to 8 bytes (the
-	// usual ones) written out: see Store.hash.
-	var pn policyName
-	var h uint64
-	if n := len(policy); n >= 4 && n <= 8 {
-		pn = policyName{name: policy, word: le32(policy) | le32(policy[n-4:])<<(8*(n-4))}
-		h = maphash.String(s.seed, key) ^ s.shortPolicyHash(pn.word, n)
+	// pn, h := s.identify(policy, key), with a key of 8 to 16 bytes and a
+	// policy name of 4 to 8 bytes (the usual ones) written out: see
+	// Store.hash. kw is the key packed as an entry holds it (see
+	// makeKeyRef), for the probe below.
+	var (
+		pn policyName
+		h  uint64
+		kw [2]uint64
+	)
+	if n, m := len(key), len(policy); n >= 8 && n <= inlineKey && m >= 4 && m <= 8 {
+		kw = [2]uint64{le64(key), le64(key[n-8:]) >> (8 * (16 - n))}
+		pn = policyName{name: policy, word: le32(policy) | le32(policy[m-4:])<<(8*(m-4))}
+		h = s.inlineKeyHash(kw, n) ^ s.shortPolicyHash(pn.word, m)
 	} else {
+		if n <= inlineKey {
+			kw = packKey(key)
+		}
 		pn, h = s.identify(policy, key)
 	}
 	sh := &s.shards[h&s.mask]
@@ -199,7 +210,9 @@ func (s *Store) takeFields(ctx context.Context, policy, key string, cost int64, 
 				continue
 			}
 			e := &t.entries[uint32(sv)-1]
-			if !e.is(pn, key) {
+			// e.is(pn, &k) for k := makeKeyRef(key), written out with
+			// kw for k.k.
+			if e.key.k != kw || len(e.key.long) != len(key) || len(key) > inlineKey && e.key.long != key || !e.plan.policy.is(pn) {
 				continue
 			}
 			if pl := &e.plan.plan; pl.Limit() == l {
@@ -279,7 +292,7 @@ func (s *Store) bucket(sh *shard, r *sluice.Request, pn policyName, tg uint32, n
 func (s *Store) insert(sh *shard, pr *planRef, key string, tg uint32, now int64) *entry {
 	// A bucket the shard may have dropped at a later reading than now
 	// comes back at that reading, never earlier.
-	e := entry{key: strings.Clone(key), state: pr.plan.Full(max(now, sh.floor)), plan: pr}
+	e := entry{key: ownKeyRef(key), state: pr.plan.Full(max(now, sh.floor)), plan: pr}
 	return &sh.table.entries[sh.table.insert(tg, e, s.shardBits, s.rehash)]
 }
 

@@ -59,11 +59,37 @@ func le32(s string) uint64 {
 // choose), and the same key under two policies lands in unrelated places;
 // no name is built for it. A name of at most 8 bytes (its word and length)
 // is hashed with one multiplication by the store's random keys, a longer
-// one with maphash. takeFields computes the same hash with the usual case
-// written out, so that the hot path makes one call (to maphash) for the
-// whole identity; TestHotPathHash checks that the two agree.
+// one with maphash; so is a key: one of at most inlineKey bytes (its two
+// words as an entry holds them, and its length) with two, a longer one
+// with maphash. takeFields computes the same hash with the usual case
+// written out, so that the hot path makes no call for the whole identity;
+// TestHotPathHash checks that the two agree.
 func (s *Store) hash(p policyName, key string) uint64 {
-	return maphash.String(s.seed, key) ^ s.policyHash(p)
+	k := makeKeyRef(key)
+	return s.keyHash(&k) ^ s.policyHash(p)
+}
+
+// keyHash is the key's part of hash.
+func (s *Store) keyHash(k *keyRef) uint64 {
+	if len(k.long) > inlineKey {
+		return maphash.String(s.seed, k.long)
+	}
+	return s.inlineKeyHash(k.k, len(k.long))
+}
+
+// inlineKeyHash is the hash of a key of n <= inlineKey bytes whose words
+// are w: the multiply-and-fold of the words under two of the store's
+// random keys, folded again with the length under the third (the mixing
+// of the runtime's own hash of short strings where it has no AES). The
+// length is in it because the words of "a" and "a\x00" are the same.
+func (s *Store) inlineKeyHash(w [2]uint64, n int) uint64 {
+	return mix(mix(w[0]^s.keyKeys[0], w[1]^s.keyKeys[1])^uint64(n), s.keyKeys[2])
+}
+
+// mix is the 64-bit fold of the 128-bit product of a and b.
+func mix(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	return hi ^ lo
 }
 
 // policyHash is the policy's part of hash.
@@ -77,8 +103,7 @@ func (s *Store) policyHash(p policyName) uint64 {
 // shortPolicyHash is the hash of a policy name of n <= 8 bytes whose word
 // is w.
 func (s *Store) shortPolicyHash(w uint64, n int) uint64 {
-	hi, lo := bits.Mul64(w^s.policyKeys[0], uint64(n)^s.policyKeys[1])
-	return hi ^ lo
+	return mix(w^s.policyKeys[0], uint64(n)^s.policyKeys[1])
 }
 
 // identify returns policy prepared and the hash of (policy, key).
@@ -89,5 +114,5 @@ func (s *Store) identify(policy, key string) (policyName, uint64) {
 
 // rehash is the hash of a bucket's identity.
 func (s *Store) rehash(e *entry) uint64 {
-	return s.hash(e.plan.policy, e.key)
+	return s.keyHash(&e.key) ^ s.policyHash(e.plan.policy)
 }

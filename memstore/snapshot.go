@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"hash"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -62,7 +61,7 @@ func (s *Store) WriteSnapshot(w io.Writer) (int, error) {
 			if pl.FullAt(e.state) <= now {
 				continue // full: the same as missing
 			}
-			recs = append(recs, rec{e.plan.policy.name, e.key, pl.Limit(), e.state})
+			recs = append(recs, rec{e.plan.policy.name, e.key.String(), pl.Limit(), e.state})
 		}
 		sh.mu.Unlock()
 	}
@@ -224,7 +223,7 @@ func (s *Store) ReadSnapshot(r io.Reader, o SnapshotOptions) (int, error) {
 			return 0, fmt.Errorf("%w: bucket %d: %v", ErrSnapshot, i+1, err)
 		}
 		s.keys.Add(1)
-		sh.table.insert(tg, entry{key: strings.Clone(r.key), state: r.state, plan: pr}, s.shardBits, s.rehash)
+		sh.table.insert(tg, entry{key: ownKeyRef(r.key), state: r.state, plan: pr}, s.shardBits, s.rehash)
 		sh.noteFull(r.plan.FullAt(r.state))
 	}
 	return len(recs), nil

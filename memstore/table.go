@@ -8,10 +8,13 @@ import (
 
 // table is one shard's buckets: an open-addressing hash index over a dense
 // slice of entries (the layout of a compact dict). Each bucket costs one
-// 48-byte entry, one 8-byte slot at a load of at most 3/4, and its key's
-// bytes, with no allocation per bucket beyond the key. The shard's hash of
+// 64-byte entry, one 8-byte slot at a load of at most 3/4, and, for a key
+// longer than 16 bytes, the key's bytes, with no other allocation per
+// bucket. The shard's hash of
 // a bucket's identity (already computed to pick the shard) is reused, so a
-// lookup hashes once.
+// lookup hashes once. A key of up to 16 bytes is held in the entry itself
+// (keyRef): such a bucket costs its 64-byte entry and its slot, and a
+// lookup reads the slot and the entry, nothing else.
 //
 // A slot is 0 when empty, else tag<<32 | index+1, where tag is 32 bits of
 // the identity's hash whose low bits are the slot it hashes to (its home),
@@ -26,14 +29,14 @@ type table struct {
 // in the entry, so no two identities are confused ("api" with "x:y" is not
 // "api:x" with "y") and sluice.MaxKeyLen bounds the key alone.
 type entry struct {
-	key   string
+	key   keyRef
 	state bucket.State
 	plan  *planRef
 }
 
-// is reports whether e is the bucket of (p, key).
-func (e *entry) is(p policyName, key string) bool {
-	return e.key == key && e.plan.policy.is(p)
+// is reports whether e is the bucket of (p, k).
+func (e *entry) is(p policyName, k *keyRef) bool {
+	return e.key.equal(k) && e.plan.policy.is(p)
 }
 
 const minSlots = 8
@@ -44,6 +47,12 @@ func tag(h uint64, shardBits uint) uint32 { return uint32(h >> shardBits) }
 // find returns the index of the entry of (p, key), whose hash has tag tg,
 // or -1, and the slot where it is or would be inserted.
 func (t *table) find(p policyName, key string, tg uint32) (idx, slot int) {
+	k := makeKeyRef(key)
+	return t.findRef(p, &k, tg)
+}
+
+// findRef is find of a key made a keyRef.
+func (t *table) findRef(p policyName, k *keyRef, tg uint32) (idx, slot int) {
 	if len(t.slots) == 0 {
 		return -1, -1
 	}
@@ -54,7 +63,7 @@ func (t *table) find(p policyName, key string, tg uint32) (idx, slot int) {
 			return -1, i
 		}
 		if uint32(sv>>32) == tg {
-			if e := &t.entries[uint32(sv)-1]; e.is(p, key) {
+			if e := &t.entries[uint32(sv)-1]; e.is(p, k) {
 				return int(uint32(sv) - 1), i
 			}
 		}
@@ -68,7 +77,7 @@ func (t *table) insert(tg uint32, e entry, shardBits uint, rehash func(*entry) u
 	if (len(t.entries)+1)*4 > len(t.slots)*3 {
 		t.resize(max(minSlots, len(t.slots)*2), shardBits, rehash)
 	}
-	_, slot := t.find(e.plan.policy, e.key, tg)
+	_, slot := t.findRef(e.plan.policy, &e.key, tg)
 	t.entries = append(t.entries, e)
 	t.slots[slot] = uint64(tg)<<32 | uint64(len(t.entries))
 	return len(t.entries) - 1
@@ -177,7 +186,7 @@ type pin struct {
 // pinned reports whether e is one of the buckets pins name.
 func pinned(pins []pin, e *entry) bool {
 	for i := range pins {
-		if e.is(pins[i].policy, pins[i].key) {
+		if k := makeKeyRef(pins[i].key); e.is(pins[i].policy, &k) {
 			return true
 		}
 	}

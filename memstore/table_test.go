@@ -40,7 +40,7 @@ func TestTableAgainstMap(t *testing.T) {
 			want := map[identity]int64{}
 			for step := range 20_000 {
 				id := identity{policies[rng.IntN(len(policies))], fmt.Sprint("b", rng.IntN(500))}
-				e := entry{key: id.key, plan: ref(id.policy)}
+				e := entry{key: ownKeyRef(id.key), plan: ref(id.policy)}
 				e.state.Stamp = int64(step)
 				tg := tag(hash(&e), shardBits)
 				idx, _ := tb.find(e.plan.policy, id.key, tg)
@@ -84,9 +84,9 @@ func checkTable(t *testing.T, tb *table, want map[identity]int64, shardBits uint
 		t.Fatalf("%d used slots of %d for %d entries", used, len(tb.slots), len(tb.entries))
 	}
 	for id, stamp := range want {
-		e := entry{key: id.key, plan: ref(id.policy)}
+		e := entry{key: ownKeyRef(id.key), plan: ref(id.policy)}
 		idx, _ := tb.find(e.plan.policy, id.key, tag(hash(&e), shardBits))
-		if idx < 0 || tb.entries[idx].key != id.key || tb.entries[idx].plan.policy.name != id.policy || tb.entries[idx].state.Stamp != stamp {
+		if idx < 0 || tb.entries[idx].key.String() != id.key || tb.entries[idx].plan.policy.name != id.policy || tb.entries[idx].state.Stamp != stamp {
 			t.Fatalf("find(%q, %q) = %d, want the entry with stamp %d", id.policy, id.key, idx, stamp)
 		}
 	}
@@ -99,7 +99,7 @@ func TestTableOldest(t *testing.T) {
 	}
 	hash, ref := testHash()
 	for i := range 4 {
-		e := entry{key: fmt.Sprint(i), plan: ref("test")}
+		e := entry{key: ownKeyRef(fmt.Sprint(i)), plan: ref("test")}
 		e.state.Stamp = int64(10 - i)
 		tb.insert(tag(hash(&e), 0), e, 0, hash)
 	}
@@ -141,9 +141,10 @@ func TestEntryIdentity(t *testing.T) {
 	ids := []identity{{"api", "x:y"}, {"api:x", "y"}, {"a", "bc"}, {"ab", "c"}, {"p", "\x00"}, {"p\x00", ""}}
 	_, ref := testHash()
 	for i, a := range ids {
-		e := entry{key: a.key, plan: ref(a.policy)}
+		e := entry{key: ownKeyRef(a.key), plan: ref(a.policy)}
 		for j, b := range ids {
-			if got := e.is(makePolicyName(b.policy), b.key); got != (i == j) {
+			if k := makeKeyRef(b.key); e.is(makePolicyName(b.policy), &k) != (i == j) {
+				got := !(i == j)
 				t.Errorf("entry of %q is %q = %v, want %v", a, b, got, i == j)
 			}
 		}
@@ -162,7 +163,8 @@ func TestHotPathHash(t *testing.T) {
 	for n := 1; n <= 64; n++ {
 		policy := strings.Repeat("p", n-1) + "q"
 		for k := 0; k < 200; k++ { // enough to grow each table several times
-			key := fmt.Sprintf("key-%d", k)
+			// Keys of 6 to 44 bytes: inline and not (see inlineKey).
+			key := fmt.Sprintf("key-%d", k) + strings.Repeat("x", k%39)
 			p, h := s.identify(policy, key)
 			if got := s.hash(p, key); got != h {
 				t.Fatalf("identify and hash disagree for %q", policy)
@@ -178,7 +180,7 @@ func TestHotPathHash(t *testing.T) {
 			}
 		}
 		for k := 0; k < 200; k++ {
-			key := fmt.Sprintf("key-%d", k)
+			key := fmt.Sprintf("key-%d", k) + strings.Repeat("x", k%39)
 			l := sluice.Limit{Capacity: 2, Rate: sluice.Per(1, time.Hour)}
 			if d, err := s.Peek(context.Background(), sluice.Request{Policy: policy, Key: key, Cost: 1, Limit: l}); err != nil || d.Allowed {
 				t.Fatalf("peek of %q %q after the table grew = %+v, %v; the bucket was lost", policy, key, d, err)
@@ -194,15 +196,15 @@ func TestTableOldestSkipsPinned(t *testing.T) {
 	hash, ref := testHash()
 	var pins []pin
 	for i := range 40 {
-		e := entry{key: fmt.Sprint(i), plan: ref("test")}
+		e := entry{key: ownKeyRef(fmt.Sprint(i)), plan: ref("test")}
 		e.state.Stamp = int64(i)
 		tb.insert(tag(hash(&e), 0), e, 0, hash)
 		if i != 25 {
-			pins = append(pins, pin{policy: e.plan.policy, key: e.key})
+			pins = append(pins, pin{policy: e.plan.policy, key: e.key.String()})
 		}
 	}
 	for range 100 {
-		if got := tb.oldest(2, pins); got < 0 || tb.entries[got].key != "25" {
+		if got := tb.oldest(2, pins); got < 0 || tb.entries[got].key.String() != "25" {
 			t.Fatalf("oldest(2) with all but entry 25 pinned = %d, want entry 25", got)
 		}
 	}
