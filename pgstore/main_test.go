@@ -189,7 +189,7 @@ func dropFunctions(t testing.TB, schema, table string) {
 	t.Helper()
 	ctx := context.Background()
 	var names []string
-	for _, f := range []string{"_take", "_peek", "_take_all", "_refund", "_reset", "_sweep", "_advance", "_wait", "_full_at", "_clock"} {
+	for _, f := range []string{"_take", "_peek", "_take_all", "_refund", "_reset", "_sweep", "_advance", "_wait", "_full_at", "_refill_tokens", "_refill_frac", "_clock"} {
 		names = append(names, table+f)
 	}
 	rows, err := testPool.Query(ctx, `SELECT p.oid::regprocedure::text FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace

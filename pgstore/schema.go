@@ -50,6 +50,8 @@ type names struct {
 	Clock        string
 	Wait         string
 	FullAt       string
+	RefillTokens string
+	RefillFrac   string
 	Advance      string
 	Take         string
 	Peek         string
@@ -73,6 +75,8 @@ func newNames(schema, table string) names {
 		Clock:        q("_clock"),
 		Wait:         q("_wait"),
 		FullAt:       q("_full_at"),
+		RefillTokens: q("_refill_tokens"),
+		RefillFrac:   q("_refill_frac"),
 		Advance:      q("_advance"),
 		Take:         q("_take"),
 		Peek:         q("_peek"),

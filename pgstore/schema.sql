@@ -202,6 +202,34 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 	END
 $$;
 
+-- {{.RefillTokens}} and {{.RefillFrac}} are the level of a bucket of
+-- p_tokens + p_frac/p_per tokens stamped p_stamp at p_now, under the limit
+-- it was stored with (capacity p_cap, p_n units per µs): {{.Advance}}
+-- when the limit has not changed, as two expressions that PostgreSQL
+-- inlines into the expression that calls them (a call of {{.Advance}},
+-- not inlined, costs more than its arithmetic).
+CREATE OR REPLACE FUNCTION {{.RefillTokens}}(
+	p_tokens bigint, p_frac bigint, p_stamp bigint, p_cap bigint, p_n bigint, p_per bigint, p_now bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+	SELECT CASE
+		WHEN p_now <= p_stamp OR p_n = 0 OR p_tokens >= p_cap THEN p_tokens
+		WHEN (p_now::numeric - p_stamp) * p_n >= (p_cap - p_tokens)::numeric * p_per - p_frac THEN p_cap
+		ELSE p_tokens + div((p_now::numeric - p_stamp) * p_n + p_frac, p_per)::bigint
+	END
+$$;
+
+CREATE OR REPLACE FUNCTION {{.RefillFrac}}(
+	p_tokens bigint, p_frac bigint, p_stamp bigint, p_cap bigint, p_n bigint, p_per bigint, p_now bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+	SELECT CASE
+		WHEN p_now <= p_stamp OR p_n = 0 OR p_tokens >= p_cap THEN p_frac
+		WHEN (p_now::numeric - p_stamp) * p_n >= (p_cap - p_tokens)::numeric * p_per - p_frac THEN 0
+		ELSE mod((p_now::numeric - p_stamp) * p_n + p_frac, p_per)::bigint
+	END
+$$;
+
 -- {{.Advance}} brings a stored bucket up to date at p_now under the request's
 -- limit (p_cap, p_rate_tokens, p_period; reduced to p_n, p_per):
 --   2. now' = max(now, stamp): a clock that steps back refills nothing and
@@ -362,23 +390,75 @@ BEGIN
 		SELECT b.tokens, b.frac, b.stamp, b.capacity, b.rate_tokens, b.period_us
 		INTO v_old
 		FROM {{.Buckets}} AS b WHERE b.policy = p_policy AND b.key = p_key FOR UPDATE SKIP LOCKED;
-		v_found := FOUND;
-		-- (Two IFs: PL/pgSQL would run an expression holding a subquery
-		-- as a query even where AND does not need its value.)
-		IF NOT v_found THEN
-			IF EXISTS (SELECT FROM {{.Buckets}} AS b WHERE b.policy = p_policy AND b.key = p_key) THEN
-				-- Another transaction holds it (a decision, or a sweep
-				-- that is deleting it): wait for it, and time the wait.
-				v_t0 := clock_timestamp();
-				SELECT b.tokens, b.frac, b.stamp, b.capacity, b.rate_tokens, b.period_us
-				INTO v_old
-				FROM {{.Buckets}} AS b WHERE b.policy = p_policy AND b.key = p_key FOR UPDATE;
-				v_found := FOUND;
-				o_lock_wait_us := o_lock_wait_us + greatest((extract(epoch FROM clock_timestamp() - v_t0) * 1000000)::bigint, 0);
+		IF NOT FOUND THEN
+			-- Missing, or held by another transaction (a decision, or a
+			-- sweep that is deleting it). Try to create it: the insert's
+			-- conflict tells a held row from a missing one, with no probe of
+			-- its own. 1. A missing bucket starts full, stamped now (and no
+			-- earlier than the sweep floor: see below).
+			v_tokens := p_cap;
+			v_frac := 0;
+			v_stamp := v_now;
+			-- 4. and 5. as below, for the new bucket.
+			o_allowed := v_tokens >= p_cost;
+			IF o_allowed THEN
+				v_tokens := v_tokens - p_cost;
+				o_retry_us := 0;
+			ELSE
+				o_retry_us := {{.Wait}}(v_tokens, v_frac, p_cost, p_n, p_per, v_stamp, v_now);
 			END IF;
+			o_remaining := v_tokens;
+			v_full_at := {{.FullAt}}(v_tokens, v_frac, v_stamp, p_cap, p_n, p_per);
+			o_reset_us := {{.Wait}}(v_tokens, v_frac, p_cap, p_n, p_per, v_stamp, v_now);
+
+			v_t0 := clock_timestamp();
+			INSERT INTO {{.Buckets}} AS b (policy, key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at)
+			VALUES (p_policy, p_key, v_tokens, v_frac, v_stamp, p_cap, p_rate_tokens, p_period, v_full_at)
+			ON CONFLICT (policy, key) DO NOTHING;
+			IF FOUND THEN
+				IF p_request_id IS NOT NULL THEN
+					-- The bucket may have been swept (full) after an earlier
+					-- decision of this request ID: replay that one and leave
+					-- the bucket missing, as it was.
+					SELECT r.* INTO v_id FROM {{.RequestIDs}} AS r
+					WHERE r.policy = p_policy AND r.key = p_key AND r.request_id = p_request_id AND r.expires_at > v_now;
+					IF FOUND THEN
+						DELETE FROM {{.Buckets}} WHERE policy = p_policy AND key = p_key;
+						v_replay := true;
+						EXIT;
+					END IF;
+				END IF;
+				-- A sweep may have deleted this bucket, full at its time, after
+				-- v_now was read (while this statement waited for its lock):
+				-- a bucket made full at v_now would then hold the tokens it
+				-- lacked at v_now. Every such sweep committed before the insert
+				-- could succeed and raised the floor to its time, which this
+				-- statement's snapshot, taken after the insert, sees: make the
+				-- bucket no earlier than that.
+				SELECT f.floor_us INTO v_floor FROM {{.Floor}} AS f;
+				IF v_floor > v_stamp THEN
+					v_stamp := v_floor;
+					o_reset_us := {{.Wait}}(v_tokens, v_frac, p_cap, p_n, p_per, v_stamp, v_now);
+					v_full_at := {{.FullAt}}(v_tokens, v_frac, v_stamp, p_cap, p_n, p_per);
+					UPDATE {{.Buckets}} SET stamp = v_stamp, full_at = v_full_at
+					WHERE policy = p_policy AND key = p_key;
+				END IF;
+				EXIT;
+			END IF;
+			-- The bucket exists and another transaction holds it, or held
+			-- it: if that transaction had changed the row, the insert waited
+			-- for it to end. Wait for the lock, and time both waits (the
+			-- insert's own work, a few µs, is counted with them).
+			SELECT b.tokens, b.frac, b.stamp, b.capacity, b.rate_tokens, b.period_us
+			INTO v_old
+			FROM {{.Buckets}} AS b WHERE b.policy = p_policy AND b.key = p_key FOR UPDATE;
+			v_found := FOUND;
+			o_lock_wait_us := o_lock_wait_us + greatest((extract(epoch FROM clock_timestamp() - v_t0) * 1000000)::bigint, 0);
+			-- Deleted (by a sweep) while this waited: create it again.
+			CONTINUE WHEN NOT v_found;
 		END IF;
 
-		IF v_found AND p_request_id IS NOT NULL THEN
+		IF p_request_id IS NOT NULL THEN
 			SELECT r.* INTO v_id FROM {{.RequestIDs}} AS r
 			WHERE r.policy = p_policy AND r.key = p_key AND r.request_id = p_request_id AND r.expires_at > v_now;
 			IF FOUND THEN
@@ -387,18 +467,17 @@ BEGIN
 			END IF;
 		END IF;
 
-		IF v_found THEN
+		o_converted := p_cap <> v_old.capacity OR p_rate_tokens <> v_old.rate_tokens OR p_period <> v_old.period_us;
+		IF o_converted THEN
 			SELECT a.o_tokens, a.o_frac, a.o_stamp INTO v_tokens, v_frac, v_stamp
 			FROM {{.Advance}}(v_old.tokens, v_old.frac, v_old.stamp,
 				v_old.capacity, v_old.rate_tokens, v_old.period_us,
 				p_cap, p_rate_tokens, p_period, p_n, p_per, p_conversion, v_now) AS a;
-			o_converted := p_cap <> v_old.capacity OR p_rate_tokens <> v_old.rate_tokens OR p_period <> v_old.period_us;
 		ELSE
-			-- 1. A missing bucket starts full, stamped now (and no earlier
-			-- than the sweep floor: see below).
-			v_tokens := p_cap;
-			v_frac := 0;
-			v_stamp := v_now;
+			-- {{.Advance}} under an unchanged limit.
+			v_tokens := {{.RefillTokens}}(v_old.tokens, v_old.frac, v_old.stamp, p_cap, p_n, p_per, v_now);
+			v_frac := {{.RefillFrac}}(v_old.tokens, v_old.frac, v_old.stamp, p_cap, p_n, p_per, v_now);
+			v_stamp := greatest(v_old.stamp, v_now);
 		END IF;
 
 		-- 4. Take the cost if the level covers it: frac is less than one
@@ -413,57 +492,14 @@ BEGIN
 		-- 5. The decision, and when the bucket is full again.
 		o_remaining := v_tokens;
 		o_reset_us := {{.Wait}}(v_tokens, v_frac, p_cap, p_n, p_per, v_stamp, v_now);
-		v_full_at := {{.FullAt}}(v_tokens, v_frac, v_stamp, p_cap, p_n, p_per);
-
-		IF v_found THEN
-			IF v_tokens <> v_old.tokens OR v_frac <> v_old.frac OR v_stamp <> v_old.stamp OR o_converted THEN
-				UPDATE {{.Buckets}} SET
-					tokens = v_tokens, frac = v_frac, stamp = v_stamp,
-					capacity = p_cap, rate_tokens = p_rate_tokens, period_us = p_period,
-					full_at = v_full_at
-				WHERE policy = p_policy AND key = p_key;
-			END IF;
-			EXIT;
+		IF v_tokens <> v_old.tokens OR v_frac <> v_old.frac OR v_stamp <> v_old.stamp OR o_converted THEN
+			UPDATE {{.Buckets}} SET
+				tokens = v_tokens, frac = v_frac, stamp = v_stamp,
+				capacity = p_cap, rate_tokens = p_rate_tokens, period_us = p_period,
+				full_at = {{.FullAt}}(v_tokens, v_frac, v_stamp, p_cap, p_n, p_per)
+			WHERE policy = p_policy AND key = p_key;
 		END IF;
-
-		v_t0 := clock_timestamp();
-		INSERT INTO {{.Buckets}} AS b (policy, key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at)
-		VALUES (p_policy, p_key, v_tokens, v_frac, v_stamp, p_cap, p_rate_tokens, p_period, v_full_at)
-		ON CONFLICT (policy, key) DO NOTHING;
-		IF FOUND THEN
-			IF p_request_id IS NOT NULL THEN
-				-- The bucket may have been swept (full) after an earlier
-				-- decision of this request ID: replay that one and leave
-				-- the bucket missing, as it was.
-				SELECT r.* INTO v_id FROM {{.RequestIDs}} AS r
-				WHERE r.policy = p_policy AND r.key = p_key AND r.request_id = p_request_id AND r.expires_at > v_now;
-				IF FOUND THEN
-					DELETE FROM {{.Buckets}} WHERE policy = p_policy AND key = p_key;
-					v_replay := true;
-					EXIT;
-				END IF;
-			END IF;
-			-- A sweep may have deleted this bucket, full at its time, after
-			-- v_now was read (while this statement waited for its lock):
-			-- a bucket made full at v_now would then hold the tokens it
-			-- lacked at v_now. Every such sweep committed before the insert
-			-- could succeed and raised the floor to its time, which this
-			-- statement's snapshot, taken after the insert, sees: make the
-			-- bucket no earlier than that.
-			SELECT f.floor_us INTO v_floor FROM {{.Floor}} AS f;
-			IF v_floor > v_stamp THEN
-				v_stamp := v_floor;
-				o_reset_us := {{.Wait}}(v_tokens, v_frac, p_cap, p_n, p_per, v_stamp, v_now);
-				v_full_at := {{.FullAt}}(v_tokens, v_frac, v_stamp, p_cap, p_n, p_per);
-				UPDATE {{.Buckets}} SET stamp = v_stamp, full_at = v_full_at
-				WHERE policy = p_policy AND key = p_key;
-			END IF;
-			EXIT;
-		END IF;
-		-- Another request created the bucket after the SELECT: lock it and
-		-- decide again. If its transaction was still running, the insert
-		-- waited for it to end: that is a wait for the bucket's lock too.
-		o_lock_wait_us := o_lock_wait_us + greatest((extract(epoch FROM clock_timestamp() - v_t0) * 1000000)::bigint, 0);
+		EXIT;
 	END LOOP;
 
 	IF v_replay THEN
@@ -592,6 +628,7 @@ DECLARE
 	v_t0 timestamptz;
 	v_old record;
 	v_found boolean;
+	v_held boolean;
 	v_inserted boolean := false;
 	v_all boolean := true;
 	v_floor bigint;
@@ -625,13 +662,19 @@ BEGIN
 	o_taken := array_fill(0::bigint, ARRAY[v_count]);
 
 	FOR v_i IN SELECT i FROM generate_subscripts(p_policies, 1) AS i ORDER BY p_policies[i] COLLATE "C", p_keys[i] LOOP
+		-- As in {{.Take}}, a bucket that SKIP LOCKED misses is inserted:
+		-- a conflict tells a held row from a missing one.
+		v_held := false;
 		LOOP
 			SELECT b.tokens, b.frac, b.stamp, b.capacity, b.rate_tokens, b.period_us
 			INTO v_old
 			FROM {{.Buckets}} AS b WHERE b.policy = p_policies[v_i] AND b.key = p_keys[v_i] FOR UPDATE SKIP LOCKED;
 			v_found := FOUND;
+			-- (Two IFs: see {{.Take}}.)
 			IF NOT v_found THEN
-				IF EXISTS (SELECT FROM {{.Buckets}} AS b WHERE b.policy = p_policies[v_i] AND b.key = p_keys[v_i]) THEN
+				IF v_held THEN
+					-- The insert below conflicted: another transaction
+					-- holds the bucket. Wait for it, and time the wait.
 					v_t0 := clock_timestamp();
 					SELECT b.tokens, b.frac, b.stamp, b.capacity, b.rate_tokens, b.period_us
 					INTO v_old
@@ -673,8 +716,11 @@ BEGIN
 				v_inserted := true;
 				EXIT;
 			END IF;
-			-- Another request created the bucket after the SELECT: lock it.
+			-- The bucket exists: another transaction holds it, or created
+			-- it after the SELECT (the insert waited for it to end if it
+			-- had changed the row: that is a wait for the lock too).
 			o_lock_wait_us := o_lock_wait_us + greatest((extract(epoch FROM clock_timestamp() - v_t0) * 1000000)::bigint, 0);
+			v_held := true;
 		END LOOP;
 	END LOOP;
 

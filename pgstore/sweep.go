@@ -31,10 +31,12 @@ type Stats struct {
 	LastSweepError error
 	// LockWaitSeconds is the total time, in seconds, that decisions waited
 	// for bucket row locks held by other transactions (other decisions on
-	// the same key, a sweep deleting the bucket, or any other session),
-	// measured by the database around its locking statements
-	// (clock_timestamp(), microsecond resolution). A decision that failed
-	// adds nothing, including one that gave up at LockTimeout.
+	// the same key, or any other session), measured by the database around
+	// its locking statements (clock_timestamp(), microsecond resolution).
+	// A decision that failed adds nothing, including one that gave up at
+	// LockTimeout. A take or multi-take whose bucket a sweep (or Reset) is
+	// deleting waits for that to commit and creates the bucket anew without
+	// counting the wait; a refund counts it (docs/postgres.md).
 	LockWaitSeconds float64
 	// LockWaits is the number of decisions that waited at all for a
 	// bucket row lock (a wait of at least 1µs) and then decided. A

@@ -62,7 +62,7 @@ var tableLimiterSet = map[string]tableLimiter{
 	}},
 	"sluice-notimeouts": {"sluice-notimeouts", func(tb testing.TB) func(ctx context.Context, key string) error {
 		pool := tablePool(tb)
-		s, err := pgstore.New(context.Background(), pool, pgstore.Options{Schema: schema, Table: "table_sluice", SweepInterval: -1})
+		s, err := pgstore.New(context.Background(), pool, pgstore.Options{Schema: schema, Table: "table_sluice", StatementTimeout: -1, LockTimeout: -1, SweepInterval: -1})
 		if err != nil {
 			tb.Fatal(err)
 		}
