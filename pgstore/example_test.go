@@ -15,12 +15,21 @@ import (
 
 func Example() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("SLUICE_POSTGRES_URL"))
+	o := pgstore.Options{Schema: "sluice_example"}
+	pc, err := pgxpool.ParseConfig(os.Getenv("SLUICE_POSTGRES_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Each new connection is readied for decisions before it serves.
+	if pc.AfterConnect, err = pgstore.AfterConnect(o); err != nil {
+		log.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	store, err := pgstore.New(ctx, pool, pgstore.Options{Schema: "sluice_example"})
+	store, err := pgstore.New(ctx, pool, o)
 	if err != nil {
 		log.Fatal(err)
 	}

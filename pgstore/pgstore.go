@@ -159,23 +159,18 @@ type Options struct {
 // any number of processes may share its tables. Create one with New, apply
 // the schema with Migrate, and stop its sweeper with Close.
 type Store struct {
-	pool       *pgxpool.Pool
-	schema     string
-	names      names
-	migration  string
-	takeSQL    string
-	peekSQL    string
-	takeAllSQL string
-	refundSQL  string
-	resetSQL   string
-	sweepSQL   string
-	prelude    string // sets the timeouts for one transaction; "" if none
-	timeouts   []any  // the prelude's arguments
-	conv       int32  // Options.OnLimitChange
-	idTTL      int64  // µs
-	now        func() time.Time
-	batch      int32
-	pause      float64 // the SweepPauseRatio; 0: none
+	pool      *pgxpool.Pool
+	schema    string
+	names     names
+	migration string
+	queries
+	prelude  string // sets the timeouts for one transaction; "" if none
+	timeouts []any  // the prelude's arguments
+	conv     int32  // Options.OnLimitChange
+	idTTL    int64  // µs
+	now      func() time.Time
+	batch    int32
+	pause    float64 // the SweepPauseRatio; 0: none
 
 	// ready is set once the schema was found to be of SchemaVersion or
 	// later (checkSchema).
@@ -208,16 +203,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: pool is nil", sluice.ErrInvalidOption)
 	}
-	if o.Schema == "" {
-		o.Schema = DefaultSchema
-	}
-	if o.Table == "" {
-		o.Table = DefaultTable
-	}
-	if err := checkName("Schema", o.Schema, MaxSchemaLen); err != nil {
-		return nil, err
-	}
-	if err := checkName("Table", o.Table, MaxTableLen); err != nil {
+	if err := o.checkTables(); err != nil {
 		return nil, err
 	}
 	if err := o.OnLimitChange.Validate(); err != nil {
@@ -264,21 +250,13 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 		schema:    o.Schema,
 		names:     n,
 		migration: migrationSQL(n),
-		takeSQL: "SELECT o_status, o_allowed, o_remaining, o_retry_us, o_reset_us, o_cost, o_capacity, o_rate_tokens, o_period_us, o_lock_wait_us, o_converted FROM " +
-			n.Take + "($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-		peekSQL: "SELECT o_allowed, o_remaining, o_retry_us, o_reset_us FROM " + n.Peek + "($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10)",
-		takeAllSQL: "SELECT o_allowed, o_remaining, o_retry_us, o_reset_us, o_taken, o_lock_wait_us, o_conversions FROM " +
-			n.TakeAll + "($1::text[], $2::bytea[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9, $10, $11)",
-		refundSQL: "SELECT o_status, o_remaining, o_reset_us, o_added, o_cost, o_capacity, o_rate_tokens, o_period_us, o_lock_wait_us, o_converted FROM " +
-			n.Refund + "($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-		resetSQL: "SELECT o_reset FROM " + n.Reset + "($1::text, $2::bytea, $3)",
-		sweepSQL: "SELECT o_buckets, o_request_ids FROM " + n.Sweep + "($1, $2)",
-		conv:     int32(o.OnLimitChange),
-		idTTL:    ceilMicros(o.RequestIDTTL),
-		now:      o.Now,
-		batch:    int32(o.SweepBatch),
-		pause:    o.SweepPauseRatio,
-		done:     make(chan struct{}),
+		queries:   newQueries(n),
+		conv:      int32(o.OnLimitChange),
+		idTTL:     ceilMicros(o.RequestIDTTL),
+		now:       o.Now,
+		batch:     int32(o.SweepBatch),
+		pause:     o.SweepPauseRatio,
+		done:      make(chan struct{}),
 	}
 	s.prelude, s.timeouts = prelude(o.StatementTimeout, o.LockTimeout)
 	if o.SweepInterval > 0 {
@@ -289,6 +267,40 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 		close(s.done)
 	}
 	return s, nil
+}
+
+// checkTables sets the default Schema and Table where they are empty, and
+// checks both names.
+func (o *Options) checkTables() error {
+	if o.Schema == "" {
+		o.Schema = DefaultSchema
+	}
+	if o.Table == "" {
+		o.Table = DefaultTable
+	}
+	if err := checkName("Schema", o.Schema, MaxSchemaLen); err != nil {
+		return err
+	}
+	return checkName("Table", o.Table, MaxTableLen)
+}
+
+// queries are the statements that call the schema's functions.
+type queries struct {
+	takeSQL, peekSQL, takeAllSQL, refundSQL, resetSQL, sweepSQL string
+}
+
+func newQueries(n names) queries {
+	return queries{
+		takeSQL: "SELECT o_status, o_allowed, o_remaining, o_retry_us, o_reset_us, o_cost, o_capacity, o_rate_tokens, o_period_us, o_lock_wait_us, o_converted FROM " +
+			n.Take + "($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+		peekSQL: "SELECT o_allowed, o_remaining, o_retry_us, o_reset_us FROM " + n.Peek + "($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10)",
+		takeAllSQL: "SELECT o_allowed, o_remaining, o_retry_us, o_reset_us, o_taken, o_lock_wait_us, o_conversions FROM " +
+			n.TakeAll + "($1::text[], $2::bytea[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9, $10, $11)",
+		refundSQL: "SELECT o_status, o_remaining, o_reset_us, o_added, o_cost, o_capacity, o_rate_tokens, o_period_us, o_lock_wait_us, o_converted FROM " +
+			n.Refund + "($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+		resetSQL: "SELECT o_reset FROM " + n.Reset + "($1::text, $2::bytea, $3)",
+		sweepSQL: "SELECT o_buckets, o_request_ids FROM " + n.Sweep + "($1, $2)",
+	}
 }
 
 // prelude returns the statement that sets the enabled timeouts for the

@@ -299,17 +299,23 @@ func openStore(ctx context.Context, cfg config.Config, rt *runtime, sweep bool) 
 		if err != nil {
 			return nil, nil, fmt.Errorf("store.postgres.url: %w", errors.New("not a valid PostgreSQL URL")) // the driver's message may show the password
 		}
-		pool, err := pgxpool.NewWithConfig(ctx, pc)
-		if err != nil {
-			return nil, nil, fmt.Errorf("store.postgres: %w", err)
-		}
-		rt.closer = append(rt.closer, func() error { pool.Close(); return nil })
 		o := pgstore.Options{
 			Schema:        s.Postgres.Schema,
 			Table:         s.Postgres.Table,
 			OnLimitChange: s.OnLimitChange,
 			RequestIDTTL:  s.RequestIDTTL,
 		}
+		// Each new connection is warmed before it decides: a cold one's
+		// first decision can outlast the statement timeout when many open
+		// at once, as on a restart under load.
+		if pc.AfterConnect, err = pgstore.AfterConnect(o); err != nil {
+			return nil, nil, fmt.Errorf("store.postgres: %w", err)
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, pc)
+		if err != nil {
+			return nil, nil, fmt.Errorf("store.postgres: %w", err)
+		}
+		rt.closer = append(rt.closer, func() error { pool.Close(); return nil })
 		if !sweep {
 			o.SweepInterval = -1
 		}

@@ -111,11 +111,17 @@ func openPostgres(ctx context.Context, c TargetConfig) (Target, error) {
 		// One connection per slot, up to 64, unless the URL says.
 		pc.MaxConns = int32(min(c.Slots, 64))
 	}
+	o := pgstore.Options{Schema: c.PGSchema, Table: c.PGTable}
+	// Connections are warmed as the service warms them: the load measures
+	// decisions, not PostgreSQL compiling its functions on a first call.
+	if pc.AfterConnect, err = pgstore.AfterConnect(o); err != nil {
+		return nil, err
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("target %s: %w", redact(c.URL), err)
 	}
-	st, err := pgstore.New(ctx, pool, pgstore.Options{Schema: c.PGSchema, Table: c.PGTable})
+	st, err := pgstore.New(ctx, pool, o)
 	if err != nil {
 		pool.Close()
 		return nil, err

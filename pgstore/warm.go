@@ -1,0 +1,99 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/sluicehq/sluice"
+)
+
+// warmPolicy is the policy of the buckets a warm-up takes from. They live
+// only in the warm-up's transaction, which is rolled back.
+const warmPolicy = "sluice.warm-up"
+
+// AfterConnect returns a hook for pgxpool.Config.AfterConnect that readies
+// each new connection of a pool for decisions on the tables named by o (only
+// o's Schema, Table and OnLimitChange matter; the error is New's for a bad
+// one).
+//
+// A connection's first call of a function costs PostgreSQL several
+// milliseconds of CPU: it compiles the function and plans each statement
+// the first time it runs. A pool that opens many connections at once, as a
+// service restarted under load does, pays that many times over at the
+// moment the server is busiest, and a first decision can outlast
+// StatementTimeout and fail as unavailable. The hook pays it before the
+// connection serves, with no timeout but ctx's: in one transaction that it
+// rolls back, it takes from a new bucket, takes from it again with a
+// request ID, peeks at it and takes from it and a second bucket in one
+// multi-take. The buckets are keyed by the connection's backend process ID,
+// so no two connections wait on each other's warm-up, and nothing of it
+// stays in the tables.
+//
+// A warm-up that PostgreSQL refuses, because the schema is missing or
+// older than SchemaVersion, is not the hook's error: the connection is
+// still good, and the store's first decision reports the schema. The hook
+// fails only when ctx ends or the connection breaks; the pool then
+// discards the connection.
+func AfterConnect(o Options) (func(context.Context, *pgx.Conn) error, error) {
+	if err := o.checkTables(); err != nil {
+		return nil, err
+	}
+	if err := o.OnLimitChange.Validate(); err != nil {
+		return nil, fmt.Errorf("%w (Options.OnLimitChange)", err)
+	}
+	q := newQueries(newNames(o.Schema, o.Table))
+	conv := int32(o.OnLimitChange)
+	return func(ctx context.Context, conn *pgx.Conn) error {
+		return warm(ctx, conn, q, conv)
+	}, nil
+}
+
+func warm(ctx context.Context, conn *pgx.Conn, q queries, conv int32) error {
+	l := sluice.Limit{Capacity: 2, Rate: sluice.Rate{Tokens: 1, Period: time.Hour}}
+	p, err := plan(l)
+	if err != nil {
+		return err // not reached: the limit is valid
+	}
+	period, units, scale := int64(l.Rate.Period/time.Microsecond), int64(p.RefillUnits()), int64(p.Scale())
+	key := fmt.Appendf(nil, "backend %d", conn.PgConn().PID())
+	key2 := fmt.Appendf(nil, "backend %d (2)", conn.PgConn().PID())
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	b := &pgx.Batch{}
+	take := func(id []byte) {
+		b.Queue(q.takeSQL, warmPolicy, key, int64(1), l.Capacity, l.Rate.Tokens, period, units, scale, conv, id, int64(time.Minute/time.Microsecond), nil)
+	}
+	take(nil)
+	take([]byte("warm-up"))
+	b.Queue(q.peekSQL, warmPolicy, key, int64(1), l.Capacity, l.Rate.Tokens, period, units, scale, conv, nil)
+	b.Queue(q.takeAllSQL, []string{warmPolicy, warmPolicy}, [][]byte{key, key2}, []int64{1, 1},
+		[]int64{l.Capacity, l.Capacity}, []int64{l.Rate.Tokens, l.Rate.Tokens}, []int64{period, period}, []int64{units, units}, []int64{scale, scale},
+		conv, false, nil)
+	err = tx.SendBatch(ctx, b).Close()
+	// The rollback must run even when ctx has ended: a connection left in
+	// a transaction is no use to the pool.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if rerr := tx.Rollback(rctx); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) {
+		return fmt.Errorf("pgstore: rolling back the warm-up: %w", rerr)
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case conn.IsClosed():
+		return fmt.Errorf("pgstore: warm-up: %w", err)
+	case errors.As(err, &pgErr):
+		return nil // the server refused it; the store's first decision says why
+	default:
+		return fmt.Errorf("pgstore: warm-up: %w", err)
+	}
+}
