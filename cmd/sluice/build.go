@@ -300,10 +300,12 @@ func openStore(ctx context.Context, cfg config.Config, rt *runtime, sweep bool) 
 			return nil, nil, fmt.Errorf("store.postgres.url: %w", errors.New("not a valid PostgreSQL URL")) // the driver's message may show the password
 		}
 		o := pgstore.Options{
-			Schema:        s.Postgres.Schema,
-			Table:         s.Postgres.Table,
-			OnLimitChange: s.OnLimitChange,
-			RequestIDTTL:  s.RequestIDTTL,
+			Schema:           s.Postgres.Schema,
+			Table:            s.Postgres.Table,
+			OnLimitChange:    s.OnLimitChange,
+			RequestIDTTL:     s.RequestIDTTL,
+			StatementTimeout: s.Postgres.StatementTimeout,
+			LockTimeout:      s.Postgres.LockTimeout,
 		}
 		// Each new connection is warmed before it decides: a cold one's
 		// first decision can outlast the statement timeout when many open

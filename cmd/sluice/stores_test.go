@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -99,7 +100,10 @@ func postgresSection(t *testing.T, migrate bool) string {
 			t.Errorf("dropping schema %s: %v", schema, err)
 		}
 	})
-	section := fmt.Sprintf("store:\n  type: postgres\n  postgres:\n    url: %q\n    schema: %s\n", url, schema)
+	// The store's timeouts match serveOn's guard deadline: a hot key's
+	// queue on a busy machine waits, as the guard would, rather than
+	// failing at the default 100ms lock timeout.
+	section := fmt.Sprintf("store:\n  type: postgres\n  postgres:\n    url: %q\n    schema: %s\n    statement_timeout: 5s\n    lock_timeout: 5s\n", url, schema)
 	if migrate {
 		path := filepath.Join(t.TempDir(), "migrate.yaml")
 		if err := writeFile(path, section+"policies:\n  api:\n    limit: \"1 1/s\"\n"); err != nil {
@@ -204,6 +208,46 @@ func TestServePostgresNotMigrated(t *testing.T) {
 	}
 	if code, text := get(t, s.api+"/readyz"); code != 200 {
 		t.Fatalf("GET /readyz after sluice migrate = %d %q, want 200", code, text)
+	}
+}
+
+// store.postgres.lock_timeout reaches the store: a take that finds its
+// bucket's row locked for 600ms waits for it under a lock timeout of 2s,
+// where the default of 100ms would have failed it.
+func TestServePostgresTimeouts(t *testing.T) {
+	section := postgresSection(t, true)
+	section = strings.Replace(section, "lock_timeout: 5s", "lock_timeout: 2s", 1)
+	s := serveOn(t, 1, section, "  api:\n    limit: \"3 1/h\"\n")[0]
+	if code, body := post(t, s.api+"/v1/take", `{"policy":"api","key":"held"}`); code != 200 || body["allowed"] != true {
+		t.Fatalf("first take = %d %v, want 200 allowed", code, body)
+	}
+	url := regexp.MustCompile(`url: "([^"]+)"`).FindStringSubmatch(section)[1]
+	schema := regexp.MustCompile(`schema: (\S+)`).FindStringSubmatch(section)[1]
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	tx, err := conn.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	var n int
+	if err := tx.QueryRow(t.Context(), "SELECT count(*) FROM (SELECT FROM "+pgx.Identifier{schema, "sluice_buckets"}.Sanitize()+
+		" WHERE policy = 'api' AND key = 'held'::bytea FOR UPDATE) AS locked").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("locking the bucket's row: %d rows, %v", n, err)
+	}
+	const hold = 600 * time.Millisecond
+	released := make(chan error, 1)
+	time.AfterFunc(hold, func() { released <- tx.Commit(context.Background()) })
+	start := time.Now()
+	code, body := post(t, s.api+"/v1/take", `{"policy":"api","key":"held"}`)
+	if err := <-released; err != nil {
+		t.Fatalf("releasing the row lock: %v", err)
+	}
+	if elapsed := time.Since(start); code != 200 || body["allowed"] != true || body["remaining"] != 1.0 || elapsed < hold {
+		t.Fatalf("take of a row locked for %v = %d %v after %v; want 200 allowed with 1 remaining, after the lock was released", hold, code, body, elapsed)
 	}
 }
 

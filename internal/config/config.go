@@ -216,6 +216,12 @@ type PostgresStore struct {
 	// Table is the bucket table. Default "sluice_buckets"; an identifier
 	// of 1 to 43 bytes.
 	Table string
+	// StatementTimeout bounds each decision's statement on the server
+	// (pgstore.Options.StatementTimeout), and LockTimeout its wait for a
+	// bucket's row lock; 1ms to 1m, default 200ms and 100ms. A decision
+	// cut off by either is an error, which the guard's failure mode
+	// decides.
+	StatementTimeout, LockTimeout time.Duration
 }
 
 // FailureMode names what decides when the store cannot, as
@@ -313,6 +319,9 @@ const (
 	DefaultRedisPrefix   = "sluice:"
 	DefaultSchema        = "public"
 	DefaultTable         = "sluice_buckets"
+	// The PostgreSQL store's timeouts, pgstore's defaults.
+	DefaultStatementTimeout = 200 * time.Millisecond
+	DefaultLockTimeout      = 100 * time.Millisecond
 	// DefaultTimeout fits in Envoy's rate-limit filter's default timeout
 	// of 20ms with room for the network and the service: a store slower
 	// than that is decided by the failure mode, which Envoy waiting longer

@@ -274,7 +274,7 @@ func TestDefaultsOfSections(t *testing.T) {
 		{"postgres", "store: {postgres: {url: \"postgres://db/s\"}, type: postgres}\npolicies: {default: {limit: \"100 10/s\"}}", func(c *Config) {
 			c.Store.Type = StorePostgres
 			c.Store.Memory = MemoryStore{}
-			c.Store.Postgres = PostgresStore{URL: NewURL("postgres://db/s"), Schema: "public", Table: "sluice_buckets"}
+			c.Store.Postgres = PostgresStore{URL: NewURL("postgres://db/s"), Schema: "public", Table: "sluice_buckets", StatementTimeout: DefaultStatementTimeout, LockTimeout: DefaultLockTimeout}
 		}},
 	}
 	for _, tt := range tests {
@@ -381,7 +381,7 @@ func TestValidate(t *testing.T) {
 			`store.redis.sentinel.addrs[2]: ":2" has no host`,
 		}},
 		{"postgres url with fragment", func(c *Config) {
-			c.Store = Store{Type: StorePostgres, RequestIDTTL: time.Minute, Postgres: PostgresStore{URL: NewURL("postgres://u:s3cret@db/x#f"), Schema: "s", Table: "t"}}
+			c.Store = Store{Type: StorePostgres, RequestIDTTL: time.Minute, Postgres: PostgresStore{URL: NewURL("postgres://u:s3cret@db/x#f"), Schema: "s", Table: "t", StatementTimeout: time.Second, LockTimeout: time.Second}}
 		}, []string{"store.postgres.url: has a fragment"}},
 	}
 	for _, tt := range tests {

@@ -48,6 +48,8 @@
 //	  #   url: "postgres://sluice@db.internal/sluice"  # password: PGPASSWORD
 //	  #   schema: public
 //	  #   table: sluice_buckets
+//	  #   statement_timeout: 200ms  # of each decision on the server
+//	  #   lock_timeout: 100ms       # of its wait for a bucket's row lock
 //	guard:
 //	  timeout: 15ms             # of every store call; keep it below the callers'
 //	  failure_mode: local       # local (the default), closed or open

@@ -756,6 +756,7 @@ func (p *parser) store(path string, n *yaml.Node, s *Store) {
 			case StorePostgres:
 				s.Type, s.Memory = StorePostgres, MemoryStore{}
 				s.Postgres.Schema, s.Postgres.Table = DefaultSchema, DefaultTable
+				s.Postgres.StatementTimeout, s.Postgres.LockTimeout = DefaultStatementTimeout, DefaultLockTimeout
 			default:
 				p.fail(n.Content[i+1].Line, tp, nil, "is %s; want memory, redis or postgres", quoteShort(t))
 			}
@@ -861,6 +862,8 @@ func (p *parser) postgres(path string, n *yaml.Node, pg *PostgresStore) {
 		}},
 		p.setStr("schema", "an identifier", &pg.Schema),
 		p.setStr("table", "an identifier", &pg.Table),
+		p.setDuration("statement_timeout", minPGTimeout, maxPGTimeout, &pg.StatementTimeout),
+		p.setDuration("lock_timeout", minPGTimeout, maxPGTimeout, &pg.LockTimeout),
 	})
 }
 
@@ -986,6 +989,8 @@ const (
 	maxMemoryKeys   = 1 << 30
 	minRequestIDs   = 256 // one per shard of the memory store
 	minTimeout      = time.Millisecond
+	minPGTimeout    = time.Millisecond
+	maxPGTimeout    = time.Minute
 	maxTimeout      = 10 * time.Second
 	maxLocalDivisor = 10000
 	maxBreakerCount = 1000000

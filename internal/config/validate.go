@@ -427,6 +427,8 @@ func (ch *checker) postgres(pg PostgresStore) {
 	}
 	ch.ident(p+".schema", pg.Schema, 63)
 	ch.ident(p+".table", pg.Table, 43)
+	ch.duration(p+".statement_timeout", pg.StatementTimeout, minPGTimeout, maxPGTimeout)
+	ch.duration(p+".lock_timeout", pg.LockTimeout, minPGTimeout, maxPGTimeout)
 }
 
 // ident checks a PostgreSQL identifier as package pgstore takes it.
