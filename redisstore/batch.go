@@ -22,7 +22,11 @@ type Pipeliner interface {
 // minPipeline is the fewest queued commands that open another pipeline
 // while one is in flight: a round trip costs Redis a read, a write and a
 // script call besides the decisions, so a pipeline is worth sending beside
-// one in flight only when it carries a few of them.
+// one in flight only when it carries a few of them. Beyond that, another
+// pipeline opens only when as many commands are queued as the last send
+// carried: while pipelines come back full, the queue waits for the next
+// one to take it whole, in one script call per bucket, rather than
+// splitting it into two smaller ones.
 const minPipeline = 8
 
 // batcher sends the commands of concurrent callers together, in pipelines
@@ -32,8 +36,9 @@ const minPipeline = 8
 // batching. While sends are in flight, later callers queue up; the first
 // send to come back takes the queue (up to max commands) as its next
 // pipeline, in a goroutine of the batcher, and goes on until the queue is
-// empty; and when minPipeline commands are queued and fewer than flights
-// sends are in flight, a new send takes them at once. A lone caller pays
+// empty; and when fewer than flights sends are in flight and at least
+// minPipeline commands are queued, and as many as the last send carried, a
+// new send takes them at once. A lone caller pays
 // one round trip, as without batching; many callers share round trips,
 // and Redis reads, runs and answers them back to back, with the next
 // pipeline already sent while the client reads a reply.
@@ -49,6 +54,7 @@ type batcher struct {
 	mu     sync.Mutex
 	queue  []*pending // empty unless flying > 0
 	flying int        // sends in flight, or about to be
+	last   int        // the commands of the last send to leave
 
 	pipelines atomic.Uint64 // pipelines sent
 	shared    atomic.Uint64 // takes sent in the script call of another
@@ -70,6 +76,7 @@ func (b *batcher) process(ctx context.Context, cmd decisionCmd) error {
 	b.mu.Lock()
 	if b.flying == 0 { // so nothing is queued
 		b.flying++
+		b.last = 1
 		b.mu.Unlock()
 		err := b.client.Process(ctx, cmd)
 		b.mu.Lock()
@@ -85,7 +92,7 @@ func (b *batcher) process(ctx context.Context, cmd decisionCmd) error {
 	}
 	p := &pending{cmd: cmd, done: make(chan struct{})}
 	b.queue = append(b.queue, p)
-	open := b.flying < b.flights && len(b.queue) >= minPipeline
+	open := b.flying < b.flights && len(b.queue) >= max(minPipeline, b.last)
 	if open {
 		b.flying++
 	}
@@ -126,6 +133,9 @@ func (b *batcher) sendNext() (more bool) {
 	n := min(len(b.queue), b.max)
 	batch := slices.Clone(b.queue[:n])
 	b.queue = slices.Delete(b.queue, 0, n)
+	if n > 0 {
+		b.last = n
+	}
 	b.mu.Unlock()
 
 	if len(batch) > 0 {

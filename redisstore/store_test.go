@@ -1146,3 +1146,84 @@ func TestBatchPipelinesInFlight(t *testing.T) {
 		})
 	}
 }
+
+// While pipelines come back full, the queue waits for the next one to take
+// it whole rather than splitting it: with a pipeline of 12 in flight, 11
+// queued takes wait for it to come back, and 12 open a second pipeline at
+// once.
+func TestBatchWaitsForFullPipeline(t *testing.T) {
+	const delay = 400 * time.Millisecond
+	direct := redistest.Client(t)
+	p, via := proxied(t, nil)
+	var warm sync.WaitGroup // open the connections first, as above
+	for range 2 {
+		warm.Go(func() {
+			if err := via.Do(t.Context(), "WAIT", 1, 100).Err(); err != nil {
+				t.Error(err)
+			}
+		})
+		warm.Go(func() {
+			if _, err := via.Pipelined(t.Context(), func(p redis.Pipeliner) error { return p.Do(t.Context(), "WAIT", 1, 100).Err() }); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	warm.Wait()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
+	for _, tt := range []struct {
+		queued int
+		atOnce bool
+	}{{11, false}, {12, true}} {
+		t.Run(fmt.Sprintf("queued=%d", tt.queued), func(t *testing.T) {
+			ctx := t.Context()
+			s, err := New(via, Options{Prefix: newPrefix(t, direct), Batch: 64, Pipelines: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "warm", Cost: 1, Limit: l}); err != nil {
+				t.Fatal(err)
+			}
+			p.SetLatency(delay)
+			defer p.SetLatency(0)
+			var wg sync.WaitGroup
+			takes := func(prefix string, n int) []time.Duration {
+				took := make([]time.Duration, n)
+				for i := range n {
+					wg.Go(func() {
+						start := time.Now()
+						d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: fmt.Sprint(prefix, i), Cost: 1, Limit: l})
+						took[i] = time.Since(start)
+						if err != nil || !d.Allowed || d.Remaining != 9 {
+							t.Errorf("take %s%d = %+v, %v; want allowed with 9 remaining", prefix, i, d, err)
+						}
+					})
+				}
+				return took
+			}
+			// At 0, "first" is sent alone; at 0.1 delay, 8 queued takes open
+			// the second pipeline; at 0.2, 12 more queue behind both, and
+			// "first" takes them as its next pipeline when it comes back at
+			// 1. The pipeline of 8 is back at 1.1.
+			takes("first", 1)
+			time.Sleep(delay / 10)
+			takes("a", minPipeline)
+			time.Sleep(delay / 10)
+			takes("b", 12)
+			time.Sleep(delay * 11 / 10)
+			// At 1.3, the 12 are in flight, alone, until 2.
+			took := takes("c", tt.queued)
+			wg.Wait()
+			// Sent at once: back at about 2.3, one delay after they were
+			// queued. Behind the 12: sent at 2, back at 3, 1.7 delays.
+			limit := delay * 27 / 20
+			for i, d := range took {
+				if tt.atOnce && d >= limit {
+					t.Errorf("take c%d took %v; want under %v (sent at once, beside the pipeline of 12)", i, d, limit)
+				}
+				if !tt.atOnce && d < limit {
+					t.Errorf("take c%d took %v; want at least %v (sent when the pipeline of 12 came back)", i, d, limit)
+				}
+			}
+		})
+	}
+}
