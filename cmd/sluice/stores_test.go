@@ -243,10 +243,11 @@ func TestServePostgresTimeouts(t *testing.T) {
 	time.AfterFunc(hold, func() { released <- tx.Commit(context.Background()) })
 	start := time.Now()
 	code, body := post(t, s.api+"/v1/take", `{"policy":"api","key":"held"}`)
+	elapsed := time.Since(start)
 	if err := <-released; err != nil {
 		t.Fatalf("releasing the row lock: %v", err)
 	}
-	if elapsed := time.Since(start); code != 200 || body["allowed"] != true || body["remaining"] != 1.0 || elapsed < hold {
+	if code != 200 || body["allowed"] != true || body["remaining"] != 1.0 || elapsed < hold {
 		t.Fatalf("take of a row locked for %v = %d %v after %v; want 200 allowed with 1 remaining, after the lock was released", hold, code, body, elapsed)
 	}
 }
