@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -309,9 +310,20 @@ func openStore(ctx context.Context, cfg config.Config, rt *runtime, sweep bool) 
 		}
 		// Each new connection is warmed before it decides: a cold one's
 		// first decision can outlast the statement timeout when many open
-		// at once, as on a restart under load.
+		// at once, as on a restart under load. The pool opens all of its
+		// connections in the background at start and keeps them, so that
+		// no decision waits for a connection to open (longer than the
+		// guard's deadline), unless the URL sets pool_min_conns.
 		if pc.AfterConnect, err = pgstore.AfterConnect(o); err != nil {
 			return nil, nil, fmt.Errorf("store.postgres: %w", err)
+		}
+		if u, err := url.Parse(s.Postgres.URL.Value()); err == nil && !u.Query().Has("pool_min_conns") {
+			pc.MinConns = pc.MaxConns
+		}
+		// The server's pg_stat_activity names the service, unless the URL
+		// names it otherwise.
+		if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
+			pc.ConnConfig.RuntimeParams["application_name"] = "sluice"
 		}
 		pool, err := pgxpool.NewWithConfig(ctx, pc)
 		if err != nil {

@@ -252,6 +252,54 @@ func TestServePostgresTimeouts(t *testing.T) {
 	}
 }
 
+// sluice serve opens its pool's connections at start, warms them and
+// leaves none in a transaction; the server sees them under the URL's
+// application_name, or "sluice".
+func TestServePostgresPool(t *testing.T) {
+	section := postgresSection(t, true)
+	url := regexp.MustCompile(`url: "([^"]+)"`).FindStringSubmatch(section)[1]
+	name := "sluice_test_" + randomName(t)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	section = strings.Replace(section, url, url+sep+"application_name="+name, 1)
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveOn(t, 1, section, "  api:\n    limit: \"3 1/h\"\n")
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var open, idle int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if err := conn.QueryRow(t.Context(), "SELECT count(*), count(*) FILTER (WHERE state = 'idle') FROM pg_stat_activity WHERE application_name = $1", name).Scan(&open, &idle); err != nil {
+			t.Fatal(err)
+		}
+		if open == int(pc.MaxConns) && idle == open || time.Now().After(deadline) {
+			break
+		}
+	}
+	if open != int(pc.MaxConns) || idle != open {
+		t.Fatalf("%d connections named %s, %d of them idle, with no request made; want the pool's %d, all idle", open, name, idle, pc.MaxConns)
+	}
+
+	section = strings.Replace(section, sep+"application_name="+name, "", 1)
+	serveOn(t, 1, section, "  api:\n    limit: \"3 1/h\"\n")
+	var named int
+	for deadline := time.Now().Add(10 * time.Second); named == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if err := conn.QueryRow(t.Context(), "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'sluice'").Scan(&named); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if named == 0 {
+		t.Error(`no connection named "sluice" from a service whose URL names none`)
+	}
+}
+
 func TestMigrateOtherStores(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sluice.yaml")
 	writeConfig(t, path, "  api:\n    limit: \"3 1/h\"\n")
