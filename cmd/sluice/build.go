@@ -256,9 +256,11 @@ func (rt *runtime) close() {
 	rt.closer = nil
 }
 
-// openStore opens the store cfg names and a check that it answers. sweep
-// starts the store's background maintenance, where it has one.
-func openStore(ctx context.Context, cfg config.Config, rt *runtime, sweep bool) (sluice.Store, func(context.Context) error, error) {
+// openStore opens the store cfg names and a check that it answers. serving
+// readies it for decisions at once (PostgreSQL's connections opened and
+// warmed) and starts its background maintenance, where it has them; a
+// one-off command such as migrate passes false.
+func openStore(ctx context.Context, cfg config.Config, rt *runtime, serving bool) (sluice.Store, func(context.Context) error, error) {
 	s := cfg.Store
 	switch s.Type {
 	case config.StoreMemory:
@@ -308,17 +310,20 @@ func openStore(ctx context.Context, cfg config.Config, rt *runtime, sweep bool) 
 			StatementTimeout: s.Postgres.StatementTimeout,
 			LockTimeout:      s.Postgres.LockTimeout,
 		}
-		// Each new connection is warmed before it decides: a cold one's
-		// first decision can outlast the statement timeout when many open
-		// at once, as on a restart under load. The pool opens all of its
-		// connections in the background at start and keeps them, so that
-		// no decision waits for a connection to open (longer than the
-		// guard's deadline), unless the URL sets pool_min_conns.
-		if pc.AfterConnect, err = pgstore.AfterConnect(o); err != nil {
-			return nil, nil, fmt.Errorf("store.postgres: %w", err)
-		}
-		if u, err := url.Parse(s.Postgres.URL.Value()); err == nil && !u.Query().Has("pool_min_conns") {
-			pc.MinConns = pc.MaxConns
+		// A service warms each new connection before it decides: a cold
+		// one's first decision can outlast the statement timeout when many
+		// open at once, as on a restart under load. Its pool opens all of
+		// its connections in the background at start and keeps them, so
+		// that no decision waits for a connection to open (longer than the
+		// guard's deadline), unless the URL sets pool_min_conns. Migrate
+		// needs neither.
+		if serving {
+			if pc.AfterConnect, err = pgstore.AfterConnect(o); err != nil {
+				return nil, nil, fmt.Errorf("store.postgres: %w", err)
+			}
+			if u, err := url.Parse(s.Postgres.URL.Value()); err == nil && !u.Query().Has("pool_min_conns") {
+				pc.MinConns = pc.MaxConns
+			}
 		}
 		// The server's pg_stat_activity names the service, unless the URL
 		// names it otherwise.
@@ -330,7 +335,7 @@ func openStore(ctx context.Context, cfg config.Config, rt *runtime, sweep bool) 
 			return nil, nil, fmt.Errorf("store.postgres: %w", err)
 		}
 		rt.closer = append(rt.closer, func() error { pool.Close(); return nil })
-		if !sweep {
+		if !serving {
 			o.SweepInterval = -1
 		}
 		st, err := pgstore.New(ctx, pool, o)

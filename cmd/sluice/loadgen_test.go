@@ -173,9 +173,11 @@ func TestLoadgenUsageErrors(t *testing.T) {
 }
 
 // Against a real sluice serve over HTTP, loadgen's counts are the server's.
+// The limit lets 20 keys make at most 400 takes in the 2s run, so that a
+// slow machine (CI under -race made 1,600/s) still sees denials.
 func TestLoadgenHTTP(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sluice.yaml")
-	writeConfig(t, path, "  api:\n    limit: \"100 50/s\"\n")
+	writeConfig(t, path, "  api:\n    limit: \"10 5/s\"\n")
 	s := startServe(t, "-config", path, "-watch=false")
 	got, stderr, err := runLoadgen(t, "-target", s.api, "-policy", "api", "-concurrency", "4", "-duration", "2s", "-keys", "20", "-interval", "500ms")
 	if err != nil {
@@ -228,7 +230,7 @@ func TestLoadgenToken(t *testing.T) {
 // the server's, for Take and TakeBatch.
 func TestLoadgenGRPC(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sluice.yaml")
-	writeConfig(t, path, "  api:\n    limit: \"100 50/s\"\n  batch:\n    limit: \"50 10/s\"\n")
+	writeConfig(t, path, "  api:\n    limit: \"10 5/s\"\n  batch:\n    limit: \"50 10/s\"\n")
 	s := startServe(t, "-config", path, "-watch=false")
 	got, stderr, err := runLoadgen(t, "-target", "grpc://"+s.grpc, "-policy", "api", "-concurrency", "4", "-conns", "2", "-duration", "2s", "-keys", "20", "-quiet")
 	if err != nil {
@@ -252,7 +254,7 @@ func TestLoadgenGRPC(t *testing.T) {
 
 // Against Envoy's rate-limit API, loadgen's counts are the server's.
 func TestLoadgenEnvoy(t *testing.T) {
-	rules := "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: second\n      requests_per_unit: 50\n"
+	rules := "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n"
 	s := serveEnvoy(t, 1, "", rulesDir(t, rules), "")[0]
 	got, stderr, err := runLoadgen(t, "-target", "envoy://"+s.grpc, "-domain", "edge", "-descriptor", "remote_address",
 		"-concurrency", "4", "-duration", "2s", "-keys", "20", "-quiet")
