@@ -314,9 +314,9 @@ func openStore(ctx context.Context, cfg config.Config, rt *runtime, serving bool
 		// one's first decision can outlast the statement timeout when many
 		// open at once, as on a restart under load. Its pool opens all of
 		// its connections in the background at start and keeps them, so
-		// that no decision waits for a connection to open (longer than the
-		// guard's deadline), unless the URL sets pool_min_conns. Migrate
-		// needs neither.
+		// that a decision seldom waits for a connection to open (longer
+		// than the guard's deadline), unless the URL sets pool_min_conns.
+		// Migrate needs neither.
 		if serving {
 			if pc.AfterConnect, err = pgstore.AfterConnect(o); err != nil {
 				return nil, nil, fmt.Errorf("store.postgres: %w", err)
