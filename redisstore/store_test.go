@@ -1064,20 +1064,12 @@ func TestOneScriptLoadPerFlush(t *testing.T) {
 	}
 }
 
-// TestBatchPipelinesInFlight: with batching, decisions queued behind a
-// send in flight wait for it to come back, unless minPipeline or more of
-// them are waiting and fewer than Options.Pipelines sends are in flight:
-// then they go at once, in a pipeline of their own. Every reply is delayed
-// by a proxy, so a queued decision that waits for the first send's reply
-// takes about two delays, one sent at once about one.
-func TestBatchPipelinesInFlight(t *testing.T) {
-	const delay = 400 * time.Millisecond
-	direct := redistest.Client(t)
-	p, via := proxied(t, nil)
-	// The connections are open before the delay, as a new one would wait
-	// for the delayed replies of its handshake: WAIT for a replica that
-	// does not exist holds a connection for 100 ms, so two at once hold
-	// two, from the main pool and from go-redis's pool for pipelines.
+// openTwo opens two connections of via's main pool and two of its pool for
+// pipelines before a test delays replies, as a new one would wait for the
+// delayed replies of its handshake: WAIT for a replica that does not exist
+// holds a connection for 100 ms, so two at once hold two.
+func openTwo(t *testing.T, via *redis.Client) {
+	t.Helper()
 	var warm sync.WaitGroup
 	for range 2 {
 		warm.Go(func() {
@@ -1092,6 +1084,19 @@ func TestBatchPipelinesInFlight(t *testing.T) {
 		})
 	}
 	warm.Wait()
+}
+
+// TestBatchPipelinesInFlight: with batching, decisions queued behind a
+// send in flight wait for it to come back, unless minPipeline or more of
+// them are waiting and fewer than Options.Pipelines sends are in flight:
+// then they go at once, in a pipeline of their own. Every reply is delayed
+// by a proxy, so a queued decision that waits for the first send's reply
+// takes about two delays, one sent at once about one.
+func TestBatchPipelinesInFlight(t *testing.T) {
+	const delay = 400 * time.Millisecond
+	direct := redistest.Client(t)
+	p, via := proxied(t, nil)
+	openTwo(t, via)
 	l := sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
 	for _, tt := range []struct {
 		pipelines, queued int
@@ -1155,20 +1160,7 @@ func TestBatchWaitsForFullPipeline(t *testing.T) {
 	const delay = 400 * time.Millisecond
 	direct := redistest.Client(t)
 	p, via := proxied(t, nil)
-	var warm sync.WaitGroup // open the connections first, as above
-	for range 2 {
-		warm.Go(func() {
-			if err := via.Do(t.Context(), "WAIT", 1, 100).Err(); err != nil {
-				t.Error(err)
-			}
-		})
-		warm.Go(func() {
-			if _, err := via.Pipelined(t.Context(), func(p redis.Pipeliner) error { return p.Do(t.Context(), "WAIT", 1, 100).Err() }); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	warm.Wait()
+	openTwo(t, via)
 	l := sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
 	for _, tt := range []struct {
 		queued int
