@@ -19,7 +19,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/pgstore"
 )
 
 // The tests of this file run sluice serve on real Redis and PostgreSQL
@@ -382,4 +384,14 @@ func takeOnce(client *http.Client, api string) (code int, allowed bool, err erro
 		return resp.StatusCode, false, fmt.Errorf("a degraded decision")
 	}
 	return resp.StatusCode, d.Allowed, nil
+}
+
+// The config's PostgreSQL defaults are pgstore's, written again only so
+// that package config needs no store.
+func TestPostgresDefaults(t *testing.T) {
+	if config.DefaultStatementTimeout != pgstore.DefaultStatementTimeout || config.DefaultLockTimeout != pgstore.DefaultLockTimeout ||
+		config.DefaultSchema != pgstore.DefaultSchema || config.DefaultTable != pgstore.DefaultTable {
+		t.Errorf("config defaults %v, %v, %s.%s; pgstore's %v, %v, %s.%s", config.DefaultStatementTimeout, config.DefaultLockTimeout, config.DefaultSchema, config.DefaultTable,
+			pgstore.DefaultStatementTimeout, pgstore.DefaultLockTimeout, pgstore.DefaultSchema, pgstore.DefaultTable)
+	}
 }
