@@ -119,7 +119,43 @@ func limitGen() *rapid.Generator[sluice.Limit] { return sluicetest.Limits(time.M
 // stamp), limit and full_at (Plan.FullAt), and for every peek the same
 // answer: the SQL is the Plan at a tick of 1µs.
 func TestPlanDifferential(t *testing.T) {
-	clock := sluicetest.NewClock(epoch)
+	planDifferential(t, epoch, rapid.SliceOfN(limitGen(), 1, 3))
+}
+
+// bigintEdge is the largest capacity whose deficits the take computes in
+// bigint under one token every bigintEdgePeriod: capacity * p' = 2^62 - 1,
+// the bound of docs/postgres.md ("Arithmetic"). One token more and it
+// computes in numeric.
+const (
+	bigintEdge       = 2147483649
+	bigintEdgePeriod = 2147483647 * time.Microsecond
+)
+
+// TestPlanDifferentialBigintEdge is TestPlanDifferential with limits on
+// both sides of the bound up to which a take computes in bigint, and
+// random ones, so that one bucket moves between the two arithmetics.
+func TestPlanDifferentialBigintEdge(t *testing.T) {
+	edge := []sluice.Limit{
+		{Capacity: bigintEdge, Rate: sluice.Rate{Tokens: 1, Period: bigintEdgePeriod}},
+		{Capacity: bigintEdge + 1, Rate: sluice.Rate{Tokens: 1, Period: bigintEdgePeriod}},
+		{Capacity: sluice.MaxCapacity, Rate: sluice.Rate{Tokens: sluice.MaxTokens, Period: time.Microsecond}},
+		{Capacity: sluice.MaxCapacity, Rate: sluice.Rate{Tokens: 1, Period: sluice.MaxPeriod}},
+	}
+	planDifferential(t, epoch, rapid.SliceOfN(rapid.OneOf(rapid.SampledFrom(edge), limitGen()), 1, 3))
+}
+
+// TestPlanDifferentialBeforeEpoch is TestPlanDifferential on a clock that
+// starts 30 seconds before the Unix epoch, so that times and stamps are
+// negative µs and later cross zero, where a take computes in numeric.
+func TestPlanDifferentialBeforeEpoch(t *testing.T) {
+	planDifferential(t, time.Unix(-30, 0).UTC(), rapid.SliceOfN(limitGen(), 1, 3))
+}
+
+// planDifferential runs TestPlanDifferential's check from start, with the
+// limits of each key drawn from limits.
+func planDifferential(t *testing.T, start time.Time, limits *rapid.Generator[[]sluice.Limit]) {
+	t.Helper()
+	clock := sluicetest.NewClock(start)
 	stores := map[sluice.Conversion]*pgstore.Store{}
 	tables := map[sluice.Conversion]string{}
 	for _, p := range []sluice.Conversion{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens} {
@@ -132,8 +168,8 @@ func TestPlanDifferential(t *testing.T) {
 		s, table := stores[policy], tables[policy]
 		n++
 		key := "k" + strconv.Itoa(n) // a fresh bucket per check
-		limits := rapid.SliceOfN(limitGen(), 1, 3).Draw(rt, "limits")
-		now := epoch
+		limits := limits.Draw(rt, "limits")
+		now := start
 		clock.Set(now)
 		var b *refBucket
 		steps := rapid.IntRange(1, 40).Draw(rt, "steps")
@@ -178,4 +214,40 @@ func TestPlanDifferential(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestTakeFarApartTimes takes from one bucket at explicit times so far
+// apart that their difference in µs does not fit in a bigint (year -200000,
+// then +200000), under a limit of each arithmetic, and requires the
+// Plan's decisions and rows: the take must not compute that difference in
+// bigint.
+func TestTakeFarApartTimes(t *testing.T) {
+	year := func(y int) time.Time { return time.Date(y, time.June, 1, 0, 0, 0, 0, time.UTC) }
+	times := []time.Time{year(-200000), year(-200000).Add(3 * time.Second), year(200000), year(200000).Add(time.Microsecond), year(-200000)}
+	for _, l := range []sluice.Limit{
+		{Capacity: 10, Rate: sluice.PerSecond(1)},
+		{Capacity: bigintEdge + 1, Rate: sluice.Rate{Tokens: 1, Period: bigintEdgePeriod}},
+	} {
+		t.Run(l.String(), func(t *testing.T) {
+			clock := sluicetest.NewClock(times[0])
+			s, table := newStoreTable(t, pgstore.Options{Now: clock.Now})
+			var b *refBucket
+			for i, now := range times {
+				clock.Set(now)
+				var want sluice.Decision
+				b, want = refTake(b, now.UnixMicro(), 3, l, sluice.KeepTokens)
+				got, err := s.Take(context.Background(), sluice.Request{Policy: testPolicy, Key: "far", Cost: 3, Limit: l})
+				if err != nil {
+					t.Fatalf("take %d at %v: %v", i, now, err)
+				}
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Fatalf("take %d at %v = %+v, want %+v (Plan's) (-want +got):\n%s", i, now, got, want, diff)
+				}
+				gotRow, _ := readRow(t, table, "far")
+				if diff := cmp.Diff(rowOf(b), gotRow); diff != "" {
+					t.Fatalf("take %d at %v: row = %+v, want %+v (Plan's) (-want +got):\n%s", i, now, gotRow, rowOf(b), diff)
+				}
+			}
+		})
+	}
 }

@@ -373,6 +373,14 @@ DECLARE
 	v_stamp bigint;
 	v_floor bigint;
 	v_full_at bigint;
+	-- Whether every deficit of this limit, (C - tokens)*p' - frac, fits
+	-- in 62 bits: then the arithmetic below runs in bigint, with no
+	-- intermediate above 2^62 + 2^40 (docs/postgres.md, "The
+	-- arithmetic"), else in numeric.
+	v_small boolean := p_cap <= 4611686018427387903 / p_per;
+	v_c bigint;
+	v_e bigint;
+	v_full_in numeric;
 BEGIN
 	-- The row lock serializes decisions only at READ COMMITTED, where each
 	-- statement below sees the latest committed rows. At REPEATABLE READ or
@@ -399,17 +407,25 @@ BEGIN
 			v_tokens := p_cap;
 			v_frac := 0;
 			v_stamp := v_now;
-			-- 4. and 5. as below, for the new bucket.
-			o_allowed := v_tokens >= p_cost;
-			IF o_allowed THEN
-				v_tokens := v_tokens - p_cost;
-				o_retry_us := 0;
-			ELSE
-				o_retry_us := {{.Wait}}(v_tokens, v_frac, p_cost, p_n, p_per, v_stamp, v_now);
-			END IF;
+			-- 4. and 5. as below, for the new bucket: the cost is at most
+			-- the capacity, so it is taken, and the bucket lacks exactly
+			-- the cost, which refills in ceil(cost * p' / n') µs.
+			v_tokens := v_tokens - p_cost;
+			o_allowed := true;
+			o_retry_us := 0;
 			o_remaining := v_tokens;
-			v_full_at := {{.FullAt}}(v_tokens, v_frac, v_stamp, p_cap, p_n, p_per);
-			o_reset_us := {{.Wait}}(v_tokens, v_frac, p_cap, p_n, p_per, v_stamp, v_now);
+			IF p_n = 0 THEN
+				v_full_at := NULL;
+				o_reset_us := -1;
+			ELSIF v_small THEN
+				v_c := (p_cost * p_per + p_n - 1) / p_n;
+				v_full_at := CASE WHEN v_now >= 9223372036854775807 - v_c THEN NULL ELSE v_now + v_c END;
+				o_reset_us := CASE WHEN v_c > 9223372036854775 THEN -1 ELSE v_c END;
+			ELSE
+				v_full_in := div(p_cost::numeric * p_per + (p_n - 1), p_n);
+				v_full_at := CASE WHEN v_full_in >= 9223372036854775807::numeric - v_now THEN NULL ELSE v_now + v_full_in::bigint END;
+				o_reset_us := CASE WHEN v_full_in > 9223372036854775 THEN -1 ELSE v_full_in::bigint END;
+			END IF;
 
 			v_t0 := clock_timestamp();
 			INSERT INTO {{.Buckets}} AS b (policy, key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at)
@@ -473,8 +489,31 @@ BEGIN
 			FROM {{.Advance}}(v_old.tokens, v_old.frac, v_old.stamp,
 				v_old.capacity, v_old.rate_tokens, v_old.period_us,
 				p_cap, p_rate_tokens, p_period, p_n, p_per, p_conversion, v_now) AS a;
+		ELSIF v_small AND v_old.stamp >= 0 AND v_now >= 0 THEN
+			-- {{.Advance}} under an unchanged limit, in bigint: the elapsed
+			-- µs e fill the deficit D when e >= ceil(D / n'); otherwise
+			-- e * n' < D, and e * n' + frac < (C - tokens) * p'.
+			v_tokens := v_old.tokens;
+			v_frac := v_old.frac;
+			v_stamp := v_old.stamp;
+			IF v_now > v_stamp THEN
+				IF p_n <> 0 AND v_tokens < p_cap THEN
+					v_e := v_now - v_stamp;
+					IF v_e >= ((p_cap - v_tokens) * p_per - v_frac + p_n - 1) / p_n THEN
+						v_tokens := p_cap;
+						v_frac := 0;
+					ELSE
+						v_e := v_e * p_n + v_frac;
+						v_tokens := v_tokens + v_e / p_per;
+						v_frac := v_e % p_per;
+					END IF;
+				END IF;
+				v_stamp := v_now;
+			END IF;
 		ELSE
-			-- {{.Advance}} under an unchanged limit.
+			-- The same in numeric (a limit too large for bigint, or a
+			-- time before the Unix epoch).
+			v_small := false;
 			v_tokens := {{.RefillTokens}}(v_old.tokens, v_old.frac, v_old.stamp, p_cap, p_n, p_per, v_now);
 			v_frac := {{.RefillFrac}}(v_old.tokens, v_old.frac, v_old.stamp, p_cap, p_n, p_per, v_now);
 			v_stamp := greatest(v_old.stamp, v_now);
@@ -486,17 +525,42 @@ BEGIN
 		IF o_allowed THEN
 			v_tokens := v_tokens - p_cost;
 			o_retry_us := 0;
-		ELSE
-			o_retry_us := {{.Wait}}(v_tokens, v_frac, p_cost, p_n, p_per, v_stamp, v_now);
 		END IF;
-		-- 5. The decision, and when the bucket is full again.
+		-- 5. The decision, and when the bucket is full again: {{.Wait}}
+		-- and {{.FullAt}}, in bigint when the refill was. There the
+		-- stamp is now' >= now, both at least 0, so the µs from now to
+		-- the stamp, e, fit, and each sum is compared with its bound
+		-- before it is made.
 		o_remaining := v_tokens;
-		o_reset_us := {{.Wait}}(v_tokens, v_frac, p_cap, p_n, p_per, v_stamp, v_now);
+		IF v_small AND NOT o_converted THEN
+			v_e := v_stamp - v_now;
+			IF NOT o_allowed THEN
+				o_retry_us := CASE WHEN p_n = 0 THEN -1 ELSE ((p_cost - v_tokens) * p_per - v_frac + p_n - 1) / p_n END;
+				o_retry_us := CASE WHEN o_retry_us < 0 OR o_retry_us > 9223372036854775 - v_e THEN -1 ELSE o_retry_us + v_e END;
+			END IF;
+			IF v_tokens >= p_cap THEN
+				o_reset_us := 0;
+				v_full_at := v_stamp;
+			ELSIF p_n = 0 THEN
+				o_reset_us := -1;
+				v_full_at := NULL;
+			ELSE
+				v_c := ((p_cap - v_tokens) * p_per - v_frac + p_n - 1) / p_n;
+				o_reset_us := CASE WHEN v_c > 9223372036854775 - v_e THEN -1 ELSE v_c + v_e END;
+				v_full_at := CASE WHEN v_stamp >= 9223372036854775807 - v_c THEN NULL ELSE v_stamp + v_c END;
+			END IF;
+		ELSE
+			IF NOT o_allowed THEN
+				o_retry_us := {{.Wait}}(v_tokens, v_frac, p_cost, p_n, p_per, v_stamp, v_now);
+			END IF;
+			o_reset_us := {{.Wait}}(v_tokens, v_frac, p_cap, p_n, p_per, v_stamp, v_now);
+			v_full_at := {{.FullAt}}(v_tokens, v_frac, v_stamp, p_cap, p_n, p_per);
+		END IF;
 		IF v_tokens <> v_old.tokens OR v_frac <> v_old.frac OR v_stamp <> v_old.stamp OR o_converted THEN
 			UPDATE {{.Buckets}} SET
 				tokens = v_tokens, frac = v_frac, stamp = v_stamp,
 				capacity = p_cap, rate_tokens = p_rate_tokens, period_us = p_period,
-				full_at = {{.FullAt}}(v_tokens, v_frac, v_stamp, p_cap, p_n, p_per)
+				full_at = v_full_at
 			WHERE policy = p_policy AND key = p_key;
 		END IF;
 		EXIT;
