@@ -236,7 +236,8 @@ func reqID(policy, key string, cost int64, l sluice.Limit, id string) sluice.Req
 // twice, which is refused), drains (of costs up to twice the capacity),
 // refunds (with and without request IDs, known, unknown, refunded
 // already, or in conflict), resets, peeks and sweeps, under limits that
-// change, with the clock moving forwards and backwards. Every decision and
+// change (some on either side of the bound up to which takes compute in
+// bigint), with the clock moving forwards and backwards. Every decision and
 // error is the model's, and after every step every bucket is stored at
 // exactly the model's level, and stored exactly when the model holds it.
 func TestOperationsModel(t *testing.T) {
@@ -261,7 +262,7 @@ func TestOperationsModel(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		r := rigs[rapid.SampledFrom([]sluice.Conversion{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "conversion")]
 		r.restart(rt)
-		limits := rapid.SliceOfN(rapid.OneOf(small, small, limitGen()), 1, 3).Draw(rt, "limits")
+		limits := rapid.SliceOfN(rapid.OneOf(small, small, limitGen(), edgeLimitGen()), 1, 3).Draw(rt, "limits")
 		using := map[bucketID]sluice.Limit{}
 		limitOf := func(id bucketID) sluice.Limit {
 			l, ok := using[id]

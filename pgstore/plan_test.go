@@ -135,13 +135,18 @@ const (
 // both sides of the bound up to which a take computes in bigint, and
 // random ones, so that one bucket moves between the two arithmetics.
 func TestPlanDifferentialBigintEdge(t *testing.T) {
-	edge := []sluice.Limit{
+	planDifferential(t, epoch, rapid.SliceOfN(rapid.OneOf(edgeLimitGen(), limitGen()), 1, 3))
+}
+
+// edgeLimitGen draws limits on both sides of the bigint bound and at the
+// bounds of sluice.Limit.
+func edgeLimitGen() *rapid.Generator[sluice.Limit] {
+	return rapid.SampledFrom([]sluice.Limit{
 		{Capacity: bigintEdge, Rate: sluice.Rate{Tokens: 1, Period: bigintEdgePeriod}},
 		{Capacity: bigintEdge + 1, Rate: sluice.Rate{Tokens: 1, Period: bigintEdgePeriod}},
 		{Capacity: sluice.MaxCapacity, Rate: sluice.Rate{Tokens: sluice.MaxTokens, Period: time.Microsecond}},
 		{Capacity: sluice.MaxCapacity, Rate: sluice.Rate{Tokens: 1, Period: sluice.MaxPeriod}},
-	}
-	planDifferential(t, epoch, rapid.SliceOfN(rapid.OneOf(rapid.SampledFrom(edge), limitGen()), 1, 3))
+	})
 }
 
 // TestPlanDifferentialBeforeEpoch is TestPlanDifferential on a clock that
@@ -218,9 +223,9 @@ func planDifferential(t *testing.T, start time.Time, limits *rapid.Generator[[]s
 
 // TestTakeFarApartTimes takes from one bucket at explicit times so far
 // apart that their difference in µs does not fit in a bigint (year -200000,
-// then +200000), under a limit of each arithmetic, and requires the
-// Plan's decisions and rows: the take must not compute that difference in
-// bigint.
+// then +200000), under a limit of each arithmetic, with Take and with a
+// TakeAll of one part, and requires the Plan's decisions and rows: neither
+// may compute that difference in bigint.
 func TestTakeFarApartTimes(t *testing.T) {
 	year := func(y int) time.Time { return time.Date(y, time.June, 1, 0, 0, 0, 0, time.UTC) }
 	times := []time.Time{year(-200000), year(-200000).Add(3 * time.Second), year(200000), year(200000).Add(time.Microsecond), year(-200000)}
@@ -228,26 +233,38 @@ func TestTakeFarApartTimes(t *testing.T) {
 		{Capacity: 10, Rate: sluice.PerSecond(1)},
 		{Capacity: bigintEdge + 1, Rate: sluice.Rate{Tokens: 1, Period: bigintEdgePeriod}},
 	} {
-		t.Run(l.String(), func(t *testing.T) {
-			clock := sluicetest.NewClock(times[0])
-			s, table := newStoreTable(t, pgstore.Options{Now: clock.Now})
-			var b *refBucket
-			for i, now := range times {
-				clock.Set(now)
-				var want sluice.Decision
-				b, want = refTake(b, now.UnixMicro(), 3, l, sluice.KeepTokens)
-				got, err := s.Take(context.Background(), sluice.Request{Policy: testPolicy, Key: "far", Cost: 3, Limit: l})
-				if err != nil {
-					t.Fatalf("take %d at %v: %v", i, now, err)
+		for _, op := range []string{"Take", "TakeAll"} {
+			t.Run(op+"/"+l.String(), func(t *testing.T) {
+				clock := sluicetest.NewClock(times[0])
+				s, table := newStoreTable(t, pgstore.Options{Now: clock.Now})
+				var b *refBucket
+				for i, now := range times {
+					clock.Set(now)
+					var want sluice.Decision
+					b, want = refTake(b, now.UnixMicro(), 3, l, sluice.KeepTokens)
+					r := sluice.Request{Policy: testPolicy, Key: "far", Cost: 3, Limit: l}
+					var got sluice.Decision
+					var err error
+					if op == "Take" {
+						got, err = s.Take(context.Background(), r)
+					} else {
+						var md sluice.MultiDecision
+						if md, err = s.TakeAll(context.Background(), []sluice.Request{r}); err == nil {
+							got = md.Parts[0]
+						}
+					}
+					if err != nil {
+						t.Fatalf("%s %d at %v: %v", op, i, now, err)
+					}
+					if diff := cmp.Diff(want, got); diff != "" {
+						t.Fatalf("%s %d at %v = %+v, want %+v (Plan's) (-want +got):\n%s", op, i, now, got, want, diff)
+					}
+					gotRow, _ := readRow(t, table, "far")
+					if diff := cmp.Diff(rowOf(b), gotRow); diff != "" {
+						t.Fatalf("%s %d at %v: row = %+v, want %+v (Plan's) (-want +got):\n%s", op, i, now, gotRow, rowOf(b), diff)
+					}
 				}
-				if diff := cmp.Diff(want, got); diff != "" {
-					t.Fatalf("take %d at %v = %+v, want %+v (Plan's) (-want +got):\n%s", i, now, got, want, diff)
-				}
-				gotRow, _ := readRow(t, table, "far")
-				if diff := cmp.Diff(rowOf(b), gotRow); diff != "" {
-					t.Fatalf("take %d at %v: row = %+v, want %+v (Plan's) (-want +got):\n%s", i, now, gotRow, rowOf(b), diff)
-				}
-			}
-		})
+			})
+		}
 	}
 }

@@ -700,6 +700,11 @@ DECLARE
 	v_frac bigint;
 	v_stamp bigint;
 	v_taken bigint;
+	v_full_at bigint;
+	-- Whether a part computes in bigint, as in {{.Take}}.
+	v_small boolean;
+	v_c bigint;
+	v_e bigint;
 	-- Per part: the level decided on (before any take), the level as the
 	-- row holds it, whether the row was inserted here, and whether the
 	-- bucket was converted.
@@ -748,17 +753,38 @@ BEGIN
 				END IF;
 			END IF;
 			IF v_found THEN
-				SELECT a.o_tokens, a.o_frac, a.o_stamp INTO v_tokens, v_frac, v_stamp
-				FROM {{.Advance}}(v_old.tokens, v_old.frac, v_old.stamp,
-					v_old.capacity, v_old.rate_tokens, v_old.period_us,
-					p_caps[v_i], p_rate_tokens[v_i], p_periods[v_i], p_ns[v_i], p_pers[v_i], p_conversion, v_now) AS a;
+				v_conv[v_i] := p_caps[v_i] <> v_old.capacity OR p_rate_tokens[v_i] <> v_old.rate_tokens OR p_periods[v_i] <> v_old.period_us;
+				IF NOT v_conv[v_i] AND p_caps[v_i] <= 4611686018427387903 / p_pers[v_i] AND v_old.stamp >= 0 AND v_now >= 0 THEN
+					-- {{.Advance}} under an unchanged limit, in bigint, as in {{.Take}}.
+					v_tokens := v_old.tokens;
+					v_frac := v_old.frac;
+					v_stamp := v_old.stamp;
+					IF v_now > v_stamp THEN
+						IF p_ns[v_i] <> 0 AND v_tokens < p_caps[v_i] THEN
+							v_e := v_now - v_stamp;
+							IF v_e >= ((p_caps[v_i] - v_tokens) * p_pers[v_i] - v_frac + p_ns[v_i] - 1) / p_ns[v_i] THEN
+								v_tokens := p_caps[v_i];
+								v_frac := 0;
+							ELSE
+								v_e := v_e * p_ns[v_i] + v_frac;
+								v_tokens := v_tokens + v_e / p_pers[v_i];
+								v_frac := v_e % p_pers[v_i];
+							END IF;
+						END IF;
+						v_stamp := v_now;
+					END IF;
+				ELSE
+					SELECT a.o_tokens, a.o_frac, a.o_stamp INTO v_tokens, v_frac, v_stamp
+					FROM {{.Advance}}(v_old.tokens, v_old.frac, v_old.stamp,
+						v_old.capacity, v_old.rate_tokens, v_old.period_us,
+						p_caps[v_i], p_rate_tokens[v_i], p_periods[v_i], p_ns[v_i], p_pers[v_i], p_conversion, v_now) AS a;
+				END IF;
 				v_dt[v_i] := v_tokens;
 				v_df[v_i] := v_frac;
 				v_ds[v_i] := v_stamp;
 				v_rt[v_i] := v_old.tokens;
 				v_rf[v_i] := v_old.frac;
 				v_rs[v_i] := v_old.stamp;
-				v_conv[v_i] := p_caps[v_i] <> v_old.capacity OR p_rate_tokens[v_i] <> v_old.rate_tokens OR p_periods[v_i] <> v_old.period_us;
 				EXIT;
 			END IF;
 			-- 1. A missing bucket starts full, stamped now. It covers any
@@ -766,10 +792,15 @@ BEGIN
 			-- take leaves it, which is the usual outcome; a denial writes
 			-- it back full below.
 			v_tokens := p_caps[v_i] - least(p_costs[v_i], p_caps[v_i]);
+			IF p_ns[v_i] <> 0 AND p_caps[v_i] <= 4611686018427387903 / p_pers[v_i] THEN
+				v_c := ((p_caps[v_i] - v_tokens) * p_pers[v_i] + p_ns[v_i] - 1) / p_ns[v_i];
+				v_full_at := CASE WHEN v_now >= 9223372036854775807 - v_c THEN NULL ELSE v_now + v_c END;
+			ELSE
+				v_full_at := {{.FullAt}}(v_tokens, 0, v_now, p_caps[v_i], p_ns[v_i], p_pers[v_i]);
+			END IF;
 			v_t0 := clock_timestamp();
 			INSERT INTO {{.Buckets}} AS b (policy, key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at)
-			VALUES (p_policies[v_i], p_keys[v_i], v_tokens, 0, v_now, p_caps[v_i], p_rate_tokens[v_i], p_periods[v_i],
-				{{.FullAt}}(v_tokens, 0, v_now, p_caps[v_i], p_ns[v_i], p_pers[v_i]))
+			VALUES (p_policies[v_i], p_keys[v_i], v_tokens, 0, v_now, p_caps[v_i], p_rate_tokens[v_i], p_periods[v_i], v_full_at)
 			ON CONFLICT (policy, key) DO NOTHING;
 			IF FOUND THEN
 				v_dt[v_i] := p_caps[v_i];
@@ -823,21 +854,43 @@ BEGIN
 		END IF;
 		v_tokens := v_tokens - v_taken;
 		o_taken[v_i] := v_taken;
-		-- 5. The decision of each bucket, and when it is full again.
+		-- 5. The decision of each bucket, and when it is full again: in
+		-- bigint as in {{.Take}} where the limit allows it and nothing was
+		-- converted (the stamp is then at or after now, at least 0).
+		v_small := NOT v_conv[v_i] AND p_caps[v_i] <= 4611686018427387903 / p_pers[v_i] AND v_now >= 0;
+		v_e := CASE WHEN v_small THEN v_stamp - v_now END;
 		IF o_allowed[v_i] THEN
 			o_retry_us[v_i] := 0;
 		ELSIF p_costs[v_i] > p_caps[v_i] THEN
 			o_retry_us[v_i] := -1; -- a drain larger than the bucket: no wait covers it
-		ELSE
+		ELSIF NOT v_small THEN
 			o_retry_us[v_i] := {{.Wait}}(v_tokens, v_frac, p_costs[v_i], p_ns[v_i], p_pers[v_i], v_stamp, v_now);
+		ELSIF p_ns[v_i] = 0 THEN
+			o_retry_us[v_i] := -1;
+		ELSE
+			v_c := ((p_costs[v_i] - v_tokens) * p_pers[v_i] - v_frac + p_ns[v_i] - 1) / p_ns[v_i];
+			o_retry_us[v_i] := CASE WHEN v_c > 9223372036854775 - v_e THEN -1 ELSE v_c + v_e END;
 		END IF;
 		o_remaining[v_i] := v_tokens;
-		o_reset_us[v_i] := {{.Wait}}(v_tokens, v_frac, p_caps[v_i], p_ns[v_i], p_pers[v_i], v_stamp, v_now);
+		IF NOT v_small THEN
+			o_reset_us[v_i] := {{.Wait}}(v_tokens, v_frac, p_caps[v_i], p_ns[v_i], p_pers[v_i], v_stamp, v_now);
+			v_full_at := {{.FullAt}}(v_tokens, v_frac, v_stamp, p_caps[v_i], p_ns[v_i], p_pers[v_i]);
+		ELSIF v_tokens >= p_caps[v_i] THEN
+			o_reset_us[v_i] := 0;
+			v_full_at := v_stamp;
+		ELSIF p_ns[v_i] = 0 THEN
+			o_reset_us[v_i] := -1;
+			v_full_at := NULL;
+		ELSE
+			v_c := ((p_caps[v_i] - v_tokens) * p_pers[v_i] - v_frac + p_ns[v_i] - 1) / p_ns[v_i];
+			o_reset_us[v_i] := CASE WHEN v_c > 9223372036854775 - v_e THEN -1 ELSE v_c + v_e END;
+			v_full_at := CASE WHEN v_stamp >= 9223372036854775807 - v_c THEN NULL ELSE v_stamp + v_c END;
+		END IF;
 		IF v_tokens <> v_rt[v_i] OR v_frac <> v_rf[v_i] OR v_stamp <> v_rs[v_i] OR v_conv[v_i] THEN
 			UPDATE {{.Buckets}} SET
 				tokens = v_tokens, frac = v_frac, stamp = v_stamp,
 				capacity = p_caps[v_i], rate_tokens = p_rate_tokens[v_i], period_us = p_periods[v_i],
-				full_at = {{.FullAt}}(v_tokens, v_frac, v_stamp, p_caps[v_i], p_ns[v_i], p_pers[v_i])
+				full_at = v_full_at
 			WHERE policy = p_policies[v_i] AND key = p_keys[v_i];
 		END IF;
 		IF v_conv[v_i] THEN
