@@ -79,7 +79,9 @@ func (s *Store) exec(ctx context.Context, args []any) ([]any, error) {
 // the store sends the script with it (EVAL) whatever other callers do:
 // servers that keep losing the script (SCRIPT FLUSH in a loop), or a
 // command routed to another node than the one loaded (a slot moving),
-// still get their decision.
+// still get their decision. A NOSCRIPT that follows a load no server
+// answered (the EVAL's connection broke, as right after a restart) is not
+// counted: the server did not lose the script again, it was never sent.
 const evalAfter = 3
 
 // eval sends args, an EVALSHA. When the server answers NOSCRIPT (it lost
@@ -91,12 +93,14 @@ const evalAfter = 3
 // however many callers find out at the same time. NOSCRIPT means the
 // script did not run, so none of this is a retry of a decision.
 func (s *Store) eval(ctx context.Context, args []any) (decisionCmd, error) {
-	for noscripts := 1; ; noscripts++ {
+	noscripts := 0
+	for {
 		sent := s.loader.seq.Load()
 		cmd, err := s.send(ctx, args)
 		if err == nil || !isNoScript(err) {
 			return cmd, err
 		}
+		noscripts++
 		f, lead := s.loader.join(s.serverAddr(ctx, args[argKeys].(string)), sent)
 		if lead || noscripts == evalAfter {
 			cmd, err = s.sendEval(ctx, args)
@@ -110,6 +114,12 @@ func (s *Store) eval(ctx context.Context, args []any) (decisionCmd, error) {
 			case <-f.done:
 			case <-ctx.Done():
 				return cmd, ctx.Err()
+			}
+			if !f.answered {
+				// The load failed unanswered: the next NOSCRIPT is the
+				// same loss, not a new one. The next caller to meet it
+				// with no load in flight leads another.
+				noscripts--
 			}
 		}
 	}
@@ -150,10 +160,12 @@ type loader struct {
 }
 
 // flight is the EVAL of one caller to a server that lost the script; done
-// is closed when it is answered or has failed.
+// is closed when it is answered or has failed, and answered is set before
+// (read it after done is closed).
 type flight struct {
-	addr string
-	done chan struct{}
+	addr     string
+	done     chan struct{}
+	answered bool
 }
 
 // join is called by a caller whose command, sent when l.seq read sent,
@@ -190,6 +202,7 @@ func (l *loader) finish(f *flight, answered bool) {
 	}
 	delete(l.flights, f.addr)
 	l.mu.Unlock()
+	f.answered = answered
 	close(f.done)
 }
 

@@ -1219,3 +1219,78 @@ func TestBatchWaitsForFullPipeline(t *testing.T) {
 		})
 	}
 }
+
+// failEvals is a go-redis hook that fails the next n EVAL commands (not
+// EVALSHA) as a broken connection would, after a delay, without sending
+// them: loads of the script that no server answered.
+type failEvals struct {
+	n     atomic.Int64
+	delay time.Duration
+}
+
+func (h *failEvals) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *failEvals) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "eval" && h.n.Add(-1) >= 0 {
+			time.Sleep(h.delay)
+			err := errors.New("injected: connection refused")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *failEvals) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestFailedLoadsAreNoLosses: after the server lost the script, callers
+// that meet NOSCRIPT wait for one caller's EVAL; when that EVAL fails
+// unanswered (its connection broke, as after a restart), the next caller
+// to meet NOSCRIPT leads a new one. A failed load says nothing about the
+// server losing the script again, so it must not bring the waiters to
+// send the script themselves (evalAfter): the server that lost the script
+// is still sent it once, by the first EVAL it answers.
+func TestFailedLoadsAreNoLosses(t *testing.T) {
+	const callers, failures = 8, 4
+	srv := redistest.Private(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: callers})
+	t.Cleanup(func() { c.Close() })
+	hook := &failEvals{delay: 50 * time.Millisecond}
+	c.AddHook(hook)
+	s, err := New(c, Options{Batch: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	l := sluice.Limit{Capacity: 100, Rate: sluice.Per(1, time.Hour)}
+	if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "first", Cost: 1, Limit: l}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := s.Stats().ScriptLoads
+	hook.n.Store(failures)
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	for w := range callers {
+		wg.Go(func() {
+			if _, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: fmt.Sprint("k", w), Cost: 1, Limit: l}); err != nil {
+				if !strings.Contains(err.Error(), "injected") {
+					t.Errorf("caller %d: %v", w, err)
+				}
+				failed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if loads := s.Stats().ScriptLoads - before; loads != 1 {
+		t.Errorf("%d script loads answered after the flush; want 1", loads)
+	}
+	if n := failed.Load(); n != failures {
+		t.Errorf("%d decisions failed; want %d, the callers whose EVAL failed", n, failures)
+	}
+}
