@@ -224,8 +224,8 @@ func planDifferential(t *testing.T, start time.Time, limits *rapid.Generator[[]s
 // TestTakeFarApartTimes takes from one bucket at explicit times so far
 // apart that their difference in µs does not fit in a bigint (year -200000,
 // then +200000), under a limit of each arithmetic, with Take and with a
-// TakeAll of one part, and requires the Plan's decisions and rows: neither
-// may compute that difference in bigint.
+// TakeAll of one part, peeking before each, and requires the Plan's
+// decisions, answers and rows: none may compute that difference in bigint.
 func TestTakeFarApartTimes(t *testing.T) {
 	year := func(y int) time.Time { return time.Date(y, time.June, 1, 0, 0, 0, 0, time.UTC) }
 	times := []time.Time{year(-200000), year(-200000).Add(3 * time.Second), year(200000), year(200000).Add(time.Microsecond), year(-200000)}
@@ -240,11 +240,18 @@ func TestTakeFarApartTimes(t *testing.T) {
 				var b *refBucket
 				for i, now := range times {
 					clock.Set(now)
+					r := sluice.Request{Policy: testPolicy, Key: "far", Cost: 3, Limit: l}
+					wantPeek := refPeek(b, now.UnixMicro(), 3, l, sluice.KeepTokens)
+					gotPeek, err := s.Peek(context.Background(), r)
+					if err != nil {
+						t.Fatalf("peek %d at %v: %v", i, now, err)
+					}
+					if diff := cmp.Diff(wantPeek, gotPeek); diff != "" {
+						t.Fatalf("peek %d at %v = %+v, want %+v (Plan's) (-want +got):\n%s", i, now, gotPeek, wantPeek, diff)
+					}
 					var want sluice.Decision
 					b, want = refTake(b, now.UnixMicro(), 3, l, sluice.KeepTokens)
-					r := sluice.Request{Policy: testPolicy, Key: "far", Cost: 3, Limit: l}
 					var got sluice.Decision
-					var err error
 					if op == "Take" {
 						got, err = s.Take(context.Background(), r)
 					} else {

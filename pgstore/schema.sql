@@ -623,11 +623,36 @@ DECLARE
 	v_tokens bigint := p_cap;
 	v_frac bigint := 0;
 	v_stamp bigint := v_now;
+	-- Whether this peek computes in bigint, as a take does (see {{.Take}}).
+	v_small boolean := p_cap <= 4611686018427387903 / p_per AND v_now >= 0;
+	v_e bigint;
 BEGIN
 	SELECT b.tokens, b.frac, b.stamp, b.capacity, b.rate_tokens, b.period_us
 	INTO v_old
 	FROM {{.Buckets}} AS b WHERE b.policy = p_policy AND b.key = p_key;
-	IF FOUND THEN
+	IF NOT FOUND THEN
+		NULL; -- a missing bucket is full, stamped now
+	ELSIF v_small AND v_old.stamp >= 0 AND p_cap = v_old.capacity AND p_rate_tokens = v_old.rate_tokens AND p_period = v_old.period_us THEN
+		-- {{.Advance}} under an unchanged limit, in bigint, as in {{.Take}}.
+		v_tokens := v_old.tokens;
+		v_frac := v_old.frac;
+		v_stamp := v_old.stamp;
+		IF v_now > v_stamp THEN
+			IF p_n <> 0 AND v_tokens < p_cap THEN
+				v_e := v_now - v_stamp;
+				IF v_e >= ((p_cap - v_tokens) * p_per - v_frac + p_n - 1) / p_n THEN
+					v_tokens := p_cap;
+					v_frac := 0;
+				ELSE
+					v_e := v_e * p_n + v_frac;
+					v_tokens := v_tokens + v_e / p_per;
+					v_frac := v_e % p_per;
+				END IF;
+			END IF;
+			v_stamp := v_now;
+		END IF;
+	ELSE
+		v_small := false;
 		SELECT a.o_tokens, a.o_frac, a.o_stamp INTO v_tokens, v_frac, v_stamp
 		FROM {{.Advance}}(v_old.tokens, v_old.frac, v_old.stamp,
 			v_old.capacity, v_old.rate_tokens, v_old.period_us,
@@ -635,8 +660,19 @@ BEGIN
 	END IF;
 	o_allowed := v_tokens >= p_cost;
 	o_remaining := v_tokens;
-	o_retry_us := {{.Wait}}(v_tokens, v_frac, p_cost, p_n, p_per, v_stamp, v_now);
-	o_reset_us := {{.Wait}}(v_tokens, v_frac, p_cap, p_n, p_per, v_stamp, v_now);
+	IF v_small AND p_cost <= p_cap THEN
+		-- {{.Wait}} in bigint: the stamp is at or after now, both at least 0.
+		v_e := v_stamp - v_now;
+		o_retry_us := CASE WHEN v_tokens >= p_cost THEN 0 WHEN p_n = 0 THEN -1
+			ELSE ((p_cost - v_tokens) * p_per - v_frac + p_n - 1) / p_n END;
+		o_retry_us := CASE WHEN o_retry_us <= 0 THEN o_retry_us WHEN o_retry_us > 9223372036854775 - v_e THEN -1 ELSE o_retry_us + v_e END;
+		o_reset_us := CASE WHEN v_tokens >= p_cap THEN 0 WHEN p_n = 0 THEN -1
+			ELSE ((p_cap - v_tokens) * p_per - v_frac + p_n - 1) / p_n END;
+		o_reset_us := CASE WHEN o_reset_us <= 0 THEN o_reset_us WHEN o_reset_us > 9223372036854775 - v_e THEN -1 ELSE o_reset_us + v_e END;
+	ELSE
+		o_retry_us := {{.Wait}}(v_tokens, v_frac, p_cost, p_n, p_per, v_stamp, v_now);
+		o_reset_us := {{.Wait}}(v_tokens, v_frac, p_cap, p_n, p_per, v_stamp, v_now);
+	END IF;
 END
 $$;
 
