@@ -124,8 +124,8 @@ func TestPlanDifferential(t *testing.T) {
 
 // bigintEdge is the largest capacity whose deficits the take computes in
 // bigint under one token every bigintEdgePeriod: capacity * p' = 2^62 - 1,
-// the bound of docs/postgres.md ("Arithmetic"). One token more and it
-// computes in numeric.
+// the bound of docs/postgres.md ("bigint where the limit allows it"). One
+// token more and it computes in numeric.
 const (
 	bigintEdge       = 2147483649
 	bigintEdgePeriod = 2147483647 * time.Microsecond
