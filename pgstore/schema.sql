@@ -380,7 +380,6 @@ DECLARE
 	v_small boolean := p_cap <= 4611686018427387903 / p_per;
 	v_c bigint;
 	v_e bigint;
-	v_full_in numeric;
 BEGIN
 	-- The row lock serializes decisions only at READ COMMITTED, where each
 	-- statement below sees the latest committed rows. At REPEATABLE READ or
@@ -414,17 +413,13 @@ BEGIN
 			o_allowed := true;
 			o_retry_us := 0;
 			o_remaining := v_tokens;
-			IF p_n = 0 THEN
-				v_full_at := NULL;
-				o_reset_us := -1;
-			ELSIF v_small THEN
+			IF v_small AND p_n <> 0 THEN
 				v_c := (p_cost * p_per + p_n - 1) / p_n;
 				v_full_at := CASE WHEN v_now >= 9223372036854775807 - v_c THEN NULL ELSE v_now + v_c END;
 				o_reset_us := CASE WHEN v_c > 9223372036854775 THEN -1 ELSE v_c END;
 			ELSE
-				v_full_in := div(p_cost::numeric * p_per + (p_n - 1), p_n);
-				v_full_at := CASE WHEN v_full_in >= 9223372036854775807::numeric - v_now THEN NULL ELSE v_now + v_full_in::bigint END;
-				o_reset_us := CASE WHEN v_full_in > 9223372036854775 THEN -1 ELSE v_full_in::bigint END;
+				v_full_at := {{.FullAt}}(v_tokens, v_frac, v_stamp, p_cap, p_n, p_per);
+				o_reset_us := {{.Wait}}(v_tokens, v_frac, p_cap, p_n, p_per, v_stamp, v_now);
 			END IF;
 
 			v_t0 := clock_timestamp();
@@ -492,7 +487,11 @@ BEGIN
 		ELSIF v_small AND v_old.stamp >= 0 AND v_now >= 0 THEN
 			-- {{.Advance}} under an unchanged limit, in bigint: the elapsed
 			-- µs e fill the deficit D when e >= ceil(D / n'); otherwise
-			-- e * n' < D, and e * n' + frac < (C - tokens) * p'.
+			-- e * n' < D, and e * n' + frac < (C - tokens) * p'. The same
+			-- statements refill in {{.TakeAll}} and {{.Peek}}: written as
+			-- inlined SQL functions (like {{.RefillTokens}}), whose
+			-- expressions PL/pgSQL prepares anew in every transaction, the
+			-- bigint refill and waits made takes 4-7 % slower (docs/postgres.md).
 			v_tokens := v_old.tokens;
 			v_frac := v_old.frac;
 			v_stamp := v_old.stamp;
