@@ -61,7 +61,29 @@ func (s *Store) checkSchema(ctx context.Context, op string) error {
 	case v < SchemaVersion:
 		return fmt.Errorf("%w: %s: the schema of %s is version %d, older than this package's %d (run Migrate)", sluice.ErrMisconfigured, op, s.names.Buckets, v, SchemaVersion)
 	}
+	if err := s.checkSession(ctx, op); err != nil {
+		return err
+	}
 	s.ready.Store(true)
+	return nil
+}
+
+// checkSession reads back, on one session of the pool, the timeouts that
+// the store leaves to its sessions (SessionTimeouts), and returns an error
+// wrapping sluice.ErrMisconfigured if one differs: a connection pooler may
+// have dropped the startup parameters, and the decisions would run with no
+// timeout at all.
+func (s *Store) checkSession(ctx context.Context, op string) error {
+	for _, t := range s.session {
+		var ms int64
+		if err := s.pool.QueryRow(ctx, "SELECT setting::bigint FROM pg_settings WHERE name = $1", t.name).Scan(&ms); err != nil {
+			return s.dbError(op, err)
+		}
+		if ms != t.ms {
+			return fmt.Errorf("%w: %s: the pool's startup parameters set %s to %s but its session has %dms (does a connection pooler drop startup parameters?); leave the timeouts to each decision by not setting them in the pool's config (pgstore.SessionTimeouts)",
+				sluice.ErrMisconfigured, op, t.name, t.value(), ms)
+		}
+	}
 	return nil
 }
 

@@ -46,6 +46,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,7 +115,8 @@ type Options struct {
 	Now func() time.Time
 	// StatementTimeout bounds each statement on the server
 	// (statement_timeout, set for the statement's transaction only, in
-	// whole milliseconds rounded up). Default DefaultStatementTimeout
+	// whole milliseconds rounded up; or carried by the pool's sessions,
+	// see SessionTimeouts). Default DefaultStatementTimeout
 	// (200ms); negative leaves the session's setting alone; at most
 	// MaxTimeout. Use the context for a deadline on the whole call,
 	// network included.
@@ -164,10 +166,12 @@ type Store struct {
 	names     names
 	migration string
 	queries
-	prelude  string // sets the timeouts for one transaction; "" if none
-	timeouts []any  // the prelude's arguments
-	conv     int32  // Options.OnLimitChange
-	idTTL    int64  // µs
+	prelude  string           // sets the timeouts for one transaction; "" if none
+	timeouts []any            // the prelude's arguments
+	session  []sessionTimeout // the timeouts the pool's sessions carry instead
+	lift     string           // lifts those for one transaction; "" if none
+	conv     int32            // Options.OnLimitChange
+	idTTL    int64            // µs
 	now      func() time.Time
 	batch    int32
 	pause    float64 // the SweepPauseRatio; 0: none
@@ -215,17 +219,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 	case o.RequestIDTTL == 0:
 		o.RequestIDTTL = DefaultRequestIDTTL
 	}
-	for _, t := range []struct {
-		name string
-		d    *time.Duration
-		def  time.Duration
-	}{{"StatementTimeout", &o.StatementTimeout, DefaultStatementTimeout}, {"LockTimeout", &o.LockTimeout, DefaultLockTimeout}} {
-		switch {
-		case *t.d > MaxTimeout:
-			return nil, fmt.Errorf("%w: %s %v is longer than PostgreSQL allows (%v); use at most that, or a negative value for no timeout", sluice.ErrInvalidOption, t.name, *t.d, MaxTimeout)
-		case *t.d == 0:
-			*t.d = t.def
-		}
+	if err := o.checkTimeouts(); err != nil {
+		return nil, err
 	}
 	if o.SweepInterval == 0 {
 		o.SweepInterval = DefaultSweepInterval
@@ -258,7 +253,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 		pause:     o.SweepPauseRatio,
 		done:      make(chan struct{}),
 	}
-	s.prelude, s.timeouts = prelude(o.StatementTimeout, o.LockTimeout)
+	s.prelude, s.timeouts, s.session = prelude(o.StatementTimeout, o.LockTimeout, pool.Config().ConnConfig.RuntimeParams)
+	s.lift = lift(s.session)
 	if o.SweepInterval > 0 {
 		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		s.cancelSweeper = cancel
@@ -303,28 +299,118 @@ func newQueries(n names) queries {
 	}
 }
 
-// prelude returns the statement that sets the enabled timeouts for the
-// current transaction only, and its arguments.
-func prelude(statement, lock time.Duration) (string, []any) {
-	var sets []string
-	var args []any
+// checkTimeouts sets the default StatementTimeout and LockTimeout where
+// they are 0, and checks both.
+func (o *Options) checkTimeouts() error {
+	for _, t := range []struct {
+		name string
+		d    *time.Duration
+		def  time.Duration
+	}{{"StatementTimeout", &o.StatementTimeout, DefaultStatementTimeout}, {"LockTimeout", &o.LockTimeout, DefaultLockTimeout}} {
+		switch {
+		case *t.d > MaxTimeout:
+			return fmt.Errorf("%w: %s %v is longer than PostgreSQL allows (%v); use at most that, or a negative value for no timeout", sluice.ErrInvalidOption, t.name, *t.d, MaxTimeout)
+		case *t.d == 0:
+			*t.d = t.def
+		}
+	}
+	return nil
+}
+
+// SessionTimeouts sets statement_timeout and lock_timeout to o's
+// StatementTimeout and LockTimeout (or their defaults) in the startup
+// parameters of cfg's connections (cfg.ConnConfig.RuntimeParams), so that
+// every session of a pool made from cfg starts with them; a negative one is
+// left as cfg has it. A Store of that pool with the same timeouts then sends
+// no statement to set them before each decision, a statement that cost
+// 4-9 % of the takes a second of new keys (docs/BENCHMARKS.md): New
+// compares its timeouts with its pool's startup parameters, and a decision
+// sets only those that differ.
+//
+// Every statement on such a pool runs under these timeouts, so give the
+// store a pool of its own. The store's sweeps and Migrate lift them for
+// their own transactions (set to 0, no timeout but the context's), and so
+// does the warm-up of AfterConnect. A connection pooler between the pool and
+// PostgreSQL may drop startup parameters (PgBouncer with
+// ignore_startup_parameters), or hand a transaction to a session that never
+// had them: the store's first statement reads them back on one session and
+// fails with an error wrapping sluice.ErrMisconfigured if they differ, but
+// behind a pooler in transaction mode leave the timeouts to each
+// transaction instead (do not call SessionTimeouts). Errors are New's for
+// a bad timeout.
+func SessionTimeouts(cfg *pgxpool.Config, o Options) error {
+	if cfg == nil || cfg.ConnConfig == nil {
+		return fmt.Errorf("%w: the pool's config is nil", sluice.ErrInvalidOption)
+	}
+	if err := o.checkTimeouts(); err != nil {
+		return err
+	}
+	if cfg.ConnConfig.RuntimeParams == nil {
+		cfg.ConnConfig.RuntimeParams = map[string]string{}
+	}
+	for _, t := range timeoutSettings(o.StatementTimeout, o.LockTimeout) {
+		cfg.ConnConfig.RuntimeParams[t.name] = t.value()
+	}
+	return nil
+}
+
+// A sessionTimeout is one of PostgreSQL's timeout settings, in whole ms.
+type sessionTimeout struct {
+	name string // statement_timeout or lock_timeout
+	ms   int64
+}
+
+// value is t as PostgreSQL reads it.
+func (t sessionTimeout) value() string { return fmt.Sprintf("%dms", t.ms) }
+
+// timeoutSettings returns the enabled (positive) timeouts, in whole
+// milliseconds rounded up.
+func timeoutSettings(statement, lock time.Duration) []sessionTimeout {
+	var ts []sessionTimeout
 	for _, t := range []struct {
 		name string
 		d    time.Duration
 	}{{"statement_timeout", statement}, {"lock_timeout", lock}} {
 		if t.d > 0 {
-			args = append(args, fmt.Sprintf("%dms", (t.d+time.Millisecond-1)/time.Millisecond))
-			sets = append(sets, fmt.Sprintf("set_config('%s', $%d, true)", t.name, len(args)))
+			ts = append(ts, sessionTimeout{t.name, int64((t.d + time.Millisecond - 1) / time.Millisecond)})
 		}
 	}
+	return ts
+}
+
+// prelude returns the statement that sets, for the current transaction
+// only, the enabled timeouts that the sessions do not start with (params
+// are their startup parameters), and its arguments; and the timeouts they
+// start with.
+func prelude(statement, lock time.Duration, params map[string]string) (string, []any, []sessionTimeout) {
+	var sets []string
+	var args []any
+	var session []sessionTimeout
+	for _, t := range timeoutSettings(statement, lock) {
+		if params[t.name] == t.value() {
+			session = append(session, t)
+			continue
+		}
+		args = append(args, t.value())
+		sets = append(sets, fmt.Sprintf("set_config('%s', $%d, true)", t.name, len(args)))
+	}
 	if len(sets) == 0 {
-		return "", nil
+		return "", nil, session
 	}
-	q := "SELECT " + sets[0]
-	for _, s := range sets[1:] {
-		q += ", " + s
+	return "SELECT " + strings.Join(sets, ", "), args, session
+}
+
+// lift returns the statement that turns the session's timeouts off for the
+// current transaction only, or "" if there are none.
+func lift(session []sessionTimeout) string {
+	var sets []string
+	for _, t := range session {
+		sets = append(sets, fmt.Sprintf("set_config('%s', '0', true)", t.name))
 	}
-	return q, args
+	if len(sets) == 0 {
+		return ""
+	}
+	return "SELECT " + strings.Join(sets, ", ")
 }
 
 // Close stops the sweeper and waits for it to exit, cancelling a sweep in
@@ -497,14 +583,21 @@ func (s *Store) Peek(ctx context.Context, r sluice.Request) (sluice.Decision, er
 // queryRow runs sql with args, after the timeout prelude in the same
 // transaction and round trip, and scans its one row into dst.
 func (s *Store) queryRow(ctx context.Context, sql string, dst []any, args ...any) error {
-	if s.prelude == "" {
+	return s.queryRowAfter(ctx, s.prelude, s.timeouts, sql, dst, args...)
+}
+
+// queryRowAfter runs sql with args after pre with preArgs (none if pre is
+// ""), in one transaction and round trip, and scans sql's one row into dst.
+func (s *Store) queryRowAfter(ctx context.Context, pre string, preArgs []any, sql string, dst []any, args ...any) error {
+	if pre == "" {
 		return s.pool.QueryRow(ctx, sql, args...).Scan(dst...)
 	}
 	// A batch is sent as one pipeline ending in one Sync: both statements
 	// run in one implicit transaction, so set_config(..., true) applies to
-	// the decision and ends with it.
+	// the decision and ends with it. (PostgreSQL arms or disarms the
+	// statement timeout anew for each statement of a pipeline.)
 	b := &pgx.Batch{}
-	b.Queue(s.prelude, s.timeouts...)
+	b.Queue(pre, preArgs...)
 	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(dst...) })
 	return s.pool.SendBatch(ctx, b).Close()
 }

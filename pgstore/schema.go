@@ -126,6 +126,14 @@ func migrationSQL(n names) string {
 // objects in Options.Schema.
 func (s *Store) Migrate(ctx context.Context) error {
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// A migration may wait for the lock below and rewrite a table: it
+		// runs with no timeout but ctx's, also on a pool whose sessions
+		// carry the decisions' timeouts (SessionTimeouts).
+		if s.lift != "" {
+			if _, err := tx.Exec(ctx, s.lift); err != nil {
+				return err
+			}
+		}
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", "sluice.pgstore:"+s.names.Buckets); err != nil {
 			return err
 		}

@@ -100,7 +100,9 @@ func (s *Store) Sweep(ctx context.Context) (Swept, error) {
 	for {
 		var b, ids int64
 		start := time.Now()
-		if err := s.pool.QueryRow(ctx, s.sweepSQL, s.nowMicros(), s.batch).Scan(&b, &ids); err != nil {
+		// Under the timeouts that the pool's sessions carry for decisions
+		// (SessionTimeouts), a sweep lifts them, as Migrate does.
+		if err := s.queryRowAfter(ctx, s.lift, nil, s.sweepSQL, []any{&b, &ids}, s.nowMicros(), s.batch); err != nil {
 			return total, s.dbError("sweep", err)
 		}
 		took := time.Since(start)

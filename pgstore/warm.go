@@ -66,6 +66,10 @@ func warm(ctx context.Context, conn *pgx.Conn, q queries, conv int32) error {
 		return err
 	}
 	b := &pgx.Batch{}
+	// With no timeout but ctx's, also on a pool whose sessions carry the
+	// decisions' timeouts (SessionTimeouts): a cold compile under load is
+	// what the warm-up is for.
+	b.Queue("SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true)")
 	take := func(id []byte) {
 		b.Queue(q.takeSQL, warmPolicy, key, int64(1), l.Capacity, l.Rate.Tokens, period, units, scale, conv, id, int64(time.Minute/time.Microsecond), nil)
 	}

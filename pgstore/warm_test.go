@@ -17,13 +17,18 @@ var warmLimit = sluice.Limit{Capacity: 5, Rate: sluice.Rate{Tokens: 1, Period: t
 
 // firstTake opens a pool of one new connection to the test database, with
 // hook as its AfterConnect, and makes its first decision on the table of
-// o: a take of a new bucket, under o's timeouts. It returns the take's
-// error.
-func firstTake(t *testing.T, o pgstore.Options, hook func(context.Context, *pgx.Conn) error, key string) error {
+// o: a take of a new bucket, under o's timeouts, which the sessions carry
+// if session is set (pgstore.SessionTimeouts). It returns the take's error.
+func firstTake(t *testing.T, o pgstore.Options, session bool, hook func(context.Context, *pgx.Conn) error, key string) error {
 	t.Helper()
 	pc := testPool.Config().Copy()
 	pc.MaxConns, pc.MinConns = 1, 0
 	pc.AfterConnect = hook
+	if session {
+		if err := pgstore.SessionTimeouts(pc, o); err != nil {
+			t.Fatal(err)
+		}
+	}
 	pool, err := pgxpool.NewWithConfig(t.Context(), pc)
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +55,9 @@ func firstTake(t *testing.T, o pgstore.Options, hook func(context.Context, *pgx.
 // A new connection's first decision runs cold: PostgreSQL compiles the
 // take function and plans its statements, which takes milliseconds. With
 // the AfterConnect hook the connection is warm before it serves, and its
-// first decision fits a timeout that a cold one does not.
+// first decision fits a timeout that a cold one does not. The warm-up
+// runs with no timeout also when the sessions carry the decisions' ones
+// (SessionTimeouts).
 func TestAfterConnectWarms(t *testing.T) {
 	s, table := newStoreTable(t, pgstore.Options{})
 	o := pgstore.Options{Schema: testSchema, Table: table, SweepInterval: -1, StatementTimeout: 5 * time.Millisecond, LockTimeout: -1}
@@ -59,8 +66,9 @@ func TestAfterConnectWarms(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		if err := firstTake(t, o, hook, "warm-"+randomHex(4)); err != nil {
-			t.Errorf("connection %d: a warmed connection's first take: %v; want it within %v", i, err, o.StatementTimeout)
+		session := i%2 == 1
+		if err := firstTake(t, o, session, hook, "warm-"+randomHex(4)); err != nil {
+			t.Errorf("connection %d (timeouts in the session: %v): a warmed connection's first take: %v; want it within %v", i, session, err, o.StatementTimeout)
 		}
 	}
 	// Nothing of the warm-ups stays, nor counts.
@@ -85,7 +93,7 @@ func TestAfterConnectErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := firstTake(t, o, hook, "k"); !errors.Is(err, sluice.ErrMisconfigured) {
+	if err := firstTake(t, o, false, hook, "k"); !errors.Is(err, sluice.ErrMisconfigured) {
 		t.Errorf("take on a schema never migrated, after a warm-up: %v; want an error wrapping sluice.ErrMisconfigured", err)
 	}
 

@@ -43,6 +43,9 @@ type tableLimiter struct {
 //     durable per-key counter in PostgreSQL can cost per decision;
 //   - sluice, pgstore's Take as New makes it, with the timeouts of
 //     newStore (so each decision sets them in its transaction);
+//   - sluice-session, the same store on a pool whose sessions start with
+//     those timeouts (pgstore.SessionTimeouts), so no statement precedes
+//     a decision;
 //   - sluice-notimeouts, the same store with no statement or lock timeout.
 var tableLimiterSet = map[string]tableLimiter{
 	"upsert": {"upsert", func(tb testing.TB) func(ctx context.Context, key string) error {
@@ -59,6 +62,9 @@ var tableLimiterSet = map[string]tableLimiter{
 	}},
 	"sluice": {"sluice", func(tb testing.TB) func(ctx context.Context, key string) error {
 		return tableSluice(newStore(tb, "table_sluice", *tableSync))
+	}},
+	"sluice-session": {"sluice-session", func(tb testing.TB) func(ctx context.Context, key string) error {
+		return tableSluice(newStoreWith(tb, "table_sluice", *tableSync, callers, true))
 	}},
 	"sluice-notimeouts": {"sluice-notimeouts", func(tb testing.TB) func(ctx context.Context, key string) error {
 		pool := tablePool(tb)

@@ -91,6 +91,13 @@ func newStore(tb testing.TB, table, sync string) *pgstore.Store {
 // newStoreConns is newStore with a pool of conns connections.
 func newStoreConns(tb testing.TB, table, sync string, conns int32) *pgstore.Store {
 	tb.Helper()
+	return newStoreWith(tb, table, sync, conns, false)
+}
+
+// newStoreWith is newStoreConns whose pool's sessions carry the timeouts
+// (pgstore.SessionTimeouts) if session is set.
+func newStoreWith(tb testing.TB, table, sync string, conns int32, session bool) *pgstore.Store {
+	tb.Helper()
 	if skipReason != "" {
 		tb.Skip(skipReason)
 	}
@@ -100,18 +107,24 @@ func newStoreConns(tb testing.TB, table, sync string, conns int32) *pgstore.Stor
 	}
 	cfg.MaxConns = conns
 	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = sync
+	// Generous timeouts: a hot key's callers queue on its row lock, and the
+	// benchmark measures throughput, not fail-fast behaviour.
+	o := pgstore.Options{
+		Schema: schema, Table: table,
+		StatementTimeout: 10 * time.Second, LockTimeout: 10 * time.Second,
+		SweepInterval: -1,
+	}
+	if session {
+		if err := pgstore.SessionTimeouts(cfg, o); err != nil {
+			tb.Fatal(err)
+		}
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(pool.Close)
-	// Generous timeouts: a hot key's callers queue on its row lock, and the
-	// benchmark measures throughput, not fail-fast behaviour.
-	s, err := pgstore.New(context.Background(), pool, pgstore.Options{
-		Schema: schema, Table: table,
-		StatementTimeout: 10 * time.Second, LockTimeout: 10 * time.Second,
-		SweepInterval: -1,
-	})
+	s, err := pgstore.New(context.Background(), pool, o)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -316,10 +316,18 @@ func openStore(ctx context.Context, cfg config.Config, rt *runtime, serving bool
 		// its connections in the background at start and keeps them, so
 		// that a decision seldom waits for a connection to open (longer
 		// than the guard's deadline), unless the URL sets pool_min_conns.
-		// Migrate needs neither.
+		// The pool is the service's own, so its sessions start with the
+		// decisions' timeouts, and a decision sends no statement to set
+		// them (pgstore.SessionTimeouts), unless the config says a pooler
+		// would not pass them on. Migrate needs none of this.
 		if serving {
 			if pc.AfterConnect, err = pgstore.AfterConnect(o); err != nil {
 				return nil, nil, fmt.Errorf("store.postgres: %w", err)
+			}
+			if !s.Postgres.PerTransactionTimeouts {
+				if err := pgstore.SessionTimeouts(pc, o); err != nil {
+					return nil, nil, fmt.Errorf("store.postgres: %w", err)
+				}
 			}
 			if u, err := url.Parse(s.Postgres.URL.Value()); err == nil && !u.Query().Has("pool_min_conns") {
 				pc.MinConns = pc.MaxConns

@@ -213,44 +213,61 @@ func TestServePostgresNotMigrated(t *testing.T) {
 	}
 }
 
-// store.postgres.lock_timeout reaches the store: a take that finds its
-// bucket's row locked for 600ms waits for it under a lock timeout of 2s,
-// where the default of 100ms would have failed it.
+// store.postgres.lock_timeout reaches the store, whether the pool's
+// sessions carry it (the default) or each decision sets it
+// (per_transaction_timeouts): a take that finds its bucket's row locked for
+// 600ms waits for it under a lock timeout of 2s, and one that finds it
+// locked for 1.2s fails at a lock timeout of 300ms.
 func TestServePostgresTimeouts(t *testing.T) {
-	section := postgresSection(t, true)
-	section = strings.Replace(section, "lock_timeout: 5s", "lock_timeout: 2s", 1)
-	s := serveOn(t, 1, section, "  api:\n    limit: \"3 1/h\"\n")[0]
-	if code, body := post(t, s.api+"/v1/take", `{"policy":"api","key":"held"}`); code != 200 || body["allowed"] != true {
-		t.Fatalf("first take = %d %v, want 200 allowed", code, body)
-	}
-	url := regexp.MustCompile(`url: "([^"]+)"`).FindStringSubmatch(section)[1]
-	schema := regexp.MustCompile(`schema: (\S+)`).FindStringSubmatch(section)[1]
-	conn, err := pgx.Connect(t.Context(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	tx, err := conn.Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	var n int
-	if err := tx.QueryRow(t.Context(), "SELECT count(*) FROM (SELECT FROM "+pgx.Identifier{schema, "sluice_buckets"}.Sanitize()+
-		" WHERE policy = 'api' AND key = 'held'::bytea FOR UPDATE) AS locked").Scan(&n); err != nil || n != 1 {
-		t.Fatalf("locking the bucket's row: %d rows, %v", n, err)
-	}
-	const hold = 600 * time.Millisecond
-	released := make(chan error, 1)
-	time.AfterFunc(hold, func() { released <- tx.Commit(context.Background()) })
-	start := time.Now()
-	code, body := post(t, s.api+"/v1/take", `{"policy":"api","key":"held"}`)
-	elapsed := time.Since(start)
-	if err := <-released; err != nil {
-		t.Fatalf("releasing the row lock: %v", err)
-	}
-	if code != 200 || body["allowed"] != true || body["remaining"] != 1.0 || elapsed < hold {
-		t.Fatalf("take of a row locked for %v = %d %v after %v; want 200 allowed with 1 remaining, after the lock was released", hold, code, body, elapsed)
+	for _, mode := range []struct{ name, line string }{{"session", ""}, {"per-transaction", "    per_transaction_timeouts: true\n"}} {
+		for _, tt := range []struct {
+			lockTimeout string
+			hold        time.Duration
+			fails       bool
+		}{{"2s", 600 * time.Millisecond, false}, {"300ms", 1200 * time.Millisecond, true}} {
+			t.Run(mode.name+"/lock_timeout="+tt.lockTimeout, func(t *testing.T) {
+				section := postgresSection(t, true)
+				section = strings.Replace(section, "lock_timeout: 5s\n", "lock_timeout: "+tt.lockTimeout+"\n"+mode.line, 1)
+				s := serveOn(t, 1, section, "  api:\n    limit: \"3 1/h\"\n")[0]
+				if code, body := post(t, s.api+"/v1/take", `{"policy":"api","key":"held"}`); code != 200 || body["allowed"] != true {
+					t.Fatalf("first take = %d %v, want 200 allowed", code, body)
+				}
+				url := regexp.MustCompile(`url: "([^"]+)"`).FindStringSubmatch(section)[1]
+				schema := regexp.MustCompile(`schema: (\S+)`).FindStringSubmatch(section)[1]
+				conn, err := pgx.Connect(t.Context(), url)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close(context.Background())
+				tx, err := conn.Begin(t.Context())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback(context.Background())
+				var n int
+				if err := tx.QueryRow(t.Context(), "SELECT count(*) FROM (SELECT FROM "+pgx.Identifier{schema, "sluice_buckets"}.Sanitize()+
+					" WHERE policy = 'api' AND key = 'held'::bytea FOR UPDATE) AS locked").Scan(&n); err != nil || n != 1 {
+					t.Fatalf("locking the bucket's row: %d rows, %v", n, err)
+				}
+				released := make(chan error, 1)
+				time.AfterFunc(tt.hold, func() { released <- tx.Commit(context.Background()) })
+				start := time.Now()
+				code, body := post(t, s.api+"/v1/take", `{"policy":"api","key":"held"}`)
+				elapsed := time.Since(start)
+				if err := <-released; err != nil {
+					t.Fatalf("releasing the row lock: %v", err)
+				}
+				if tt.fails {
+					if code == 200 && body["allowed"] == true || elapsed < 250*time.Millisecond || elapsed > tt.hold-200*time.Millisecond {
+						t.Fatalf("take of a row locked for %v = %d %v after %v; want a store failure at the lock timeout of %s", tt.hold, code, body, elapsed, tt.lockTimeout)
+					}
+					return
+				}
+				if code != 200 || body["allowed"] != true || body["remaining"] != 1.0 || elapsed < tt.hold {
+					t.Fatalf("take of a row locked for %v = %d %v after %v; want 200 allowed with 1 remaining, after the lock was released", tt.hold, code, body, elapsed)
+				}
+			})
+		}
 	}
 }
 

@@ -222,6 +222,12 @@ type PostgresStore struct {
 	// cut off by either is an error, which the guard's failure mode
 	// decides.
 	StatementTimeout, LockTimeout time.Duration
+	// PerTransactionTimeouts sets both timeouts in each decision's
+	// transaction, a statement before the decision's, instead of in the
+	// pool's sessions (pgstore.SessionTimeouts): for a connection pooler
+	// that does not pass startup parameters on, such as PgBouncer in
+	// transaction mode. Default false.
+	PerTransactionTimeouts bool
 }
 
 // FailureMode names what decides when the store cannot, as

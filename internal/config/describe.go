@@ -57,7 +57,11 @@ func (c *Config) describe(b *strings.Builder) {
 		line("store:    redis %s, key prefix %q", redisTarget(s.Redis), s.Redis.Prefix)
 	case StorePostgres:
 		pg := s.Postgres
-		line("store:    postgres %s, table %s.%s, statement timeout %s, lock timeout %s", pg.URL, pg.Schema, pg.Table, formatDuration(pg.StatementTimeout), formatDuration(pg.LockTimeout))
+		in := "the sessions"
+		if pg.PerTransactionTimeouts {
+			in = "each transaction"
+		}
+		line("store:    postgres %s, table %s.%s, statement timeout %s, lock timeout %s (set in %s)", pg.URL, pg.Schema, pg.Table, formatDuration(pg.StatementTimeout), formatDuration(pg.LockTimeout), in)
 	default:
 		line("store:    %s", s.Type)
 	}

@@ -864,6 +864,11 @@ func (p *parser) postgres(path string, n *yaml.Node, pg *PostgresStore) {
 		p.setStr("table", "an identifier", &pg.Table),
 		p.setDuration("statement_timeout", minPGTimeout, maxPGTimeout, &pg.StatementTimeout),
 		p.setDuration("lock_timeout", minPGTimeout, maxPGTimeout, &pg.LockTimeout),
+		{"per_transaction_timeouts", func(path string, v *yaml.Node) {
+			if b, ok := p.boolean(path, v); ok {
+				pg.PerTransactionTimeouts = b
+			}
+		}},
 	})
 }
 

@@ -117,6 +117,11 @@ func openPostgres(ctx context.Context, c TargetConfig) (Target, error) {
 	if pc.AfterConnect, err = pgstore.AfterConnect(o); err != nil {
 		return nil, err
 	}
+	// The pool is the load's own: its sessions carry the decisions'
+	// timeouts, as the service's do.
+	if err := pgstore.SessionTimeouts(pc, o); err != nil {
+		return nil, err
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("target %s: %w", redact(c.URL), err)
