@@ -30,10 +30,11 @@ var (
 	tableLimiters = flag.String("limiters", "upsert,sluice", "TestTable: the limiters, in the order of each round")
 )
 
-// A tableLimiter makes one decision for a key; setup returns it.
+// A tableLimiter makes one decision for a key; setup returns it, and the
+// tables it writes (emptied before each round).
 type tableLimiter struct {
 	name  string
-	setup func(tb testing.TB) func(ctx context.Context, key string) error
+	setup func(tb testing.TB) (decide func(ctx context.Context, key string) error, tables []string)
 }
 
 // tableLimiterSet holds the limiters TestTable can run, by name:
@@ -48,7 +49,7 @@ type tableLimiter struct {
 //     a decision;
 //   - sluice-notimeouts, the same store with no statement or lock timeout.
 var tableLimiterSet = map[string]tableLimiter{
-	"upsert": {"upsert", func(tb testing.TB) func(ctx context.Context, key string) error {
+	"upsert": {"upsert", func(tb testing.TB) (func(ctx context.Context, key string) error, []string) {
 		pool := tablePool(tb)
 		table := pgx.Identifier{schema, "upsert_ceiling"}.Sanitize()
 		if _, err := pool.Exec(context.Background(), "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()+"; CREATE TABLE IF NOT EXISTS "+table+" (key bytea PRIMARY KEY, n bigint NOT NULL)"); err != nil {
@@ -58,17 +59,17 @@ var tableLimiterSet = map[string]tableLimiter{
 		return func(ctx context.Context, key string) error {
 			var n int64
 			return pool.QueryRow(ctx, sql, []byte(key)).Scan(&n)
-		}
+		}, []string{table}
 	}},
-	"sluice": {"sluice", func(tb testing.TB) func(ctx context.Context, key string) error {
-		return tableSluice(newStore(tb, "table_sluice", *tableSync))
+	"sluice": {"sluice", func(tb testing.TB) (func(ctx context.Context, key string) error, []string) {
+		return tableSluice(newStore(tb, "table_sluice", *tableSync), "table_sluice")
 	}},
-	"sluice-session": {"sluice-session", func(tb testing.TB) func(ctx context.Context, key string) error {
-		return tableSluice(newStoreWith(tb, "table_sluice", *tableSync, callers, true))
+	"sluice-session": {"sluice-session", func(tb testing.TB) (func(ctx context.Context, key string) error, []string) {
+		return tableSluice(newStoreWith(tb, "table_session", *tableSync, callers, true), "table_session")
 	}},
-	"sluice-notimeouts": {"sluice-notimeouts", func(tb testing.TB) func(ctx context.Context, key string) error {
+	"sluice-notimeouts": {"sluice-notimeouts", func(tb testing.TB) (func(ctx context.Context, key string) error, []string) {
 		pool := tablePool(tb)
-		s, err := pgstore.New(context.Background(), pool, pgstore.Options{Schema: schema, Table: "table_sluice", StatementTimeout: -1, LockTimeout: -1, SweepInterval: -1})
+		s, err := pgstore.New(context.Background(), pool, pgstore.Options{Schema: schema, Table: "table_notimeouts", StatementTimeout: -1, LockTimeout: -1, SweepInterval: -1})
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -76,18 +77,22 @@ var tableLimiterSet = map[string]tableLimiter{
 		if err := s.Migrate(context.Background()); err != nil {
 			tb.Fatal(err)
 		}
-		return tableSluice(s)
+		return tableSluice(s, "table_notimeouts")
 	}},
 }
 
 // tableSluice returns a decider that takes one token of a key from s,
-// under a limit that allows every decision.
-func tableSluice(s *pgstore.Store) func(ctx context.Context, key string) error {
+// under a limit that allows every decision, and s's tables, whose bucket
+// table is table.
+func tableSluice(s *pgstore.Store, table string) (func(ctx context.Context, key string) error, []string) {
 	l := sluice.Limit{Capacity: 1 << 40, Rate: sluice.PerSecond(1 << 30)}
 	return func(ctx context.Context, key string) error {
-		_, err := s.Take(ctx, sluice.Request{Policy: "bench", Key: key, Cost: 1, Limit: l})
-		return err
-	}
+			_, err := s.Take(ctx, sluice.Request{Policy: "bench", Key: key, Cost: 1, Limit: l})
+			return err
+		}, []string{
+			pgx.Identifier{schema, table}.Sanitize(),
+			pgx.Identifier{schema, table + "_request_ids"}.Sanitize(),
+		}
 }
 
 // tablePool returns a pool of callers connections with synchronous_commit
@@ -109,8 +114,9 @@ func tablePool(tb testing.TB) *pgxpool.Pool {
 
 // TestTable runs every limiter with 16 callers on spread keys (every
 // decision a key never decided before, so each creates its row) and on one
-// hot key, once per round, the limiters of a cell back to back, and prints
-// the medians over the rounds as the Markdown table of docs/BENCHMARKS.md.
+// hot key, once per round, the limiters of a cell back to back, each on
+// tables of its own that every round empties first, and prints the medians
+// over the rounds as the Markdown table of docs/BENCHMARKS.md.
 func TestTable(t *testing.T) {
 	if !*tableFlag {
 		t.Skip("the interleaved table runs only with -args -table")
@@ -127,13 +133,27 @@ func TestTable(t *testing.T) {
 		ls = append(ls, l)
 	}
 	deciders := make(map[string]func(context.Context, string) error)
+	var tables []string
 	for _, l := range ls {
-		deciders[l.name] = l.setup(t)
+		decide, ts := l.setup(t)
+		deciders[l.name] = decide
+		tables = append(tables, ts...)
 	}
+	pool := tablePool(t)
 	d := time.Duration(*tableSeconds * float64(time.Second))
 	workloads := []string{"spread", "hot"}
 	results := make(map[string]map[string][]float64)
 	for r := range *tableRounds {
+		// Every limiter starts the round on empty tables, with no
+		// checkpoint due: a table that grew in earlier cells makes its
+		// inserts slower, and a checkpoint slows whichever cell it falls
+		// in.
+		if _, err := pool.Exec(context.Background(), "TRUNCATE "+strings.Join(tables, ", ")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(context.Background(), "CHECKPOINT"); err != nil {
+			t.Fatalf("CHECKPOINT (the benchmark's role must be allowed it): %v", err)
+		}
 		for _, w := range workloads {
 			if results[w] == nil {
 				results[w] = make(map[string][]float64)
