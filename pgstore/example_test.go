@@ -24,6 +24,11 @@ func Example() {
 	if pc.AfterConnect, err = pgstore.AfterConnect(o); err != nil {
 		log.Fatal(err)
 	}
+	// The pool is the store's own: its sessions carry the timeouts, so
+	// that a decision is one statement with nothing before it.
+	if err := pgstore.SessionTimeouts(pc, o); err != nil {
+		log.Fatal(err)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		log.Fatal(err)
