@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -35,10 +36,21 @@ func (s *Store) dbError(op string, err error) error {
 				sluice.ErrMisconfigured, op, s.names.Buckets, err)
 		case pe.Code == "25000" && strings.HasPrefix(pe.Message, "sluice pgstore:"):
 			return fmt.Errorf("%w: %s: %w", sluice.ErrMisconfigured, op, err)
+		case pe.Code == "08P01" && strings.Contains(pe.Message, "startup parameter"):
+			// A connection pooler (PgBouncer) refusing the timeouts that
+			// SessionTimeouts put in the startup parameters.
+			return fmt.Errorf("%w: %s: %s (%s): %w", sluice.ErrMisconfigured, op, pe.Message, sessionHint, err)
 		}
+	}
+	if errors.Is(err, sluice.ErrMisconfigured) { // AfterConnect's check of a new session
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	return fmt.Errorf("%w: %s: %w", sluice.ErrUnavailable, op, err)
 }
+
+// sessionHint says what to do when the sessions cannot carry the timeouts.
+const sessionHint = "a connection pooler such as PgBouncer does not pass timeouts set as startup parameters on to PostgreSQL; " +
+	"set them in each decision's transaction instead: store.postgres.per_transaction_timeouts: true for sluice serve, or no pgstore.SessionTimeouts on the pool's config"
 
 // checkSchema returns nil once the store's schema has been found to be of
 // SchemaVersion or later: the first call of each store reads the version
@@ -74,17 +86,70 @@ func (s *Store) checkSchema(ctx context.Context, op string) error {
 // have dropped the startup parameters, and the decisions would run with no
 // timeout at all.
 func (s *Store) checkSession(ctx context.Context, op string) error {
-	for _, t := range s.session {
-		var ms int64
-		if err := s.pool.QueryRow(ctx, "SELECT setting::bigint FROM pg_settings WHERE name = $1", t.name).Scan(&ms); err != nil {
-			return s.dbError(op, err)
+	if len(s.session) == 0 {
+		return nil
+	}
+	var statement, lock string
+	if err := s.pool.QueryRow(ctx, sessionTimeoutsSQL).Scan(&statement, &lock); err != nil {
+		return s.dbError(op, err)
+	}
+	if err := checkSessionTimeouts(s.session, statement, lock); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return nil
+}
+
+// sessionTimeoutsSQL reads the session's statement_timeout and
+// lock_timeout, as PostgreSQL shows them ("0", "200ms", "1min").
+const sessionTimeoutsSQL = "SELECT current_setting('statement_timeout'), current_setting('lock_timeout')"
+
+// checkSessionTimeouts returns an error wrapping sluice.ErrMisconfigured if
+// a session whose statement_timeout and lock_timeout show as statement and
+// lock lacks one of want.
+func checkSessionTimeouts(want []sessionTimeout, statement, lock string) error {
+	for _, t := range want {
+		got := statement
+		if t.name == "lock_timeout" {
+			got = lock
 		}
-		if ms != t.ms {
-			return fmt.Errorf("%w: %s: the pool's startup parameters set %s to %s but its session has %dms (does a connection pooler drop startup parameters?); leave the timeouts to each decision by not setting them in the pool's config (pgstore.SessionTimeouts)",
-				sluice.ErrMisconfigured, op, t.name, t.value(), ms)
+		if ms, ok := parseMillis(got); !ok || ms != t.ms {
+			return fmt.Errorf("%w: the pool's startup parameters set %s to %s but its session has %s (%s)",
+				sluice.ErrMisconfigured, t.name, t.value(), got, sessionHint)
 		}
 	}
 	return nil
+}
+
+// parseMillis reads a time setting in milliseconds as PostgreSQL shows it:
+// a whole number with the largest unit that keeps it whole (ms, s, min, h
+// or d), or "0".
+func parseMillis(v string) (int64, bool) {
+	i := strings.IndexFunc(v, func(r rune) bool { return r < '0' || r > '9' })
+	if i == 0 {
+		return 0, false
+	}
+	unit := int64(1)
+	if i > 0 {
+		switch v[i:] {
+		case "ms":
+		case "s":
+			unit = 1000
+		case "min":
+			unit = 60 * 1000
+		case "h":
+			unit = 60 * 60 * 1000
+		case "d":
+			unit = 24 * 60 * 60 * 1000
+		default:
+			return 0, false
+		}
+		v = v[:i]
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n > math.MaxInt64/unit {
+		return 0, false
+	}
+	return n * unit, true
 }
 
 // schemaVersion reads the schema version recorded in the comment on the

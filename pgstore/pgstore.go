@@ -253,8 +253,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 		pause:     o.SweepPauseRatio,
 		done:      make(chan struct{}),
 	}
-	s.prelude, s.timeouts, s.session = prelude(o.StatementTimeout, o.LockTimeout, pool.Config().ConnConfig.RuntimeParams)
-	s.lift = lift(s.session)
+	params := pool.Config().ConnConfig.RuntimeParams
+	s.prelude, s.timeouts, s.session = prelude(o.StatementTimeout, o.LockTimeout, params)
+	s.lift = lift(params)
 	if o.SweepInterval > 0 {
 		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		s.cancelSweeper = cancel
@@ -331,13 +332,13 @@ func (o *Options) checkTimeouts() error {
 // store a pool of its own. The store's sweeps and Migrate lift them for
 // their own transactions (set to 0, no timeout but the context's), and so
 // does the warm-up of AfterConnect. A connection pooler between the pool and
-// PostgreSQL may drop startup parameters (PgBouncer with
-// ignore_startup_parameters), or hand a transaction to a session that never
-// had them: the store's first statement reads them back on one session and
-// fails with an error wrapping sluice.ErrMisconfigured if they differ, but
-// behind a pooler in transaction mode leave the timeouts to each
-// transaction instead (do not call SessionTimeouts). Errors are New's for
-// a bad timeout.
+// PostgreSQL may refuse startup parameters (PgBouncer) or drop them
+// (PgBouncer with ignore_startup_parameters); the store's first call reads
+// the timeouts back on one connection, and the warm-up of AfterConnect on
+// every new one, and a session without them fails the decision with an
+// error wrapping sluice.ErrMisconfigured. Behind such a pooler leave the
+// timeouts to each transaction instead: do not call SessionTimeouts.
+// Errors are New's for a bad timeout.
 func SessionTimeouts(cfg *pgxpool.Config, o Options) error {
 	if cfg == nil || cfg.ConnConfig == nil {
 		return fmt.Errorf("%w: the pool's config is nil", sluice.ErrInvalidOption)
@@ -387,7 +388,7 @@ func prelude(statement, lock time.Duration, params map[string]string) (string, [
 	var args []any
 	var session []sessionTimeout
 	for _, t := range timeoutSettings(statement, lock) {
-		if params[t.name] == t.value() {
+		if params[t.name] == t.value() && len(paramNames(params, t.name)) == 1 {
 			session = append(session, t)
 			continue
 		}
@@ -400,12 +401,28 @@ func prelude(statement, lock time.Duration, params map[string]string) (string, [
 	return "SELECT " + strings.Join(sets, ", "), args, session
 }
 
-// lift returns the statement that turns the session's timeouts off for the
-// current transaction only, or "" if there are none.
-func lift(session []sessionTimeout) string {
+// paramNames returns the keys of params that name the setting name:
+// PostgreSQL's names are not case-sensitive, so a config may hold several
+// (and which one a session ends up with is not known).
+func paramNames(params map[string]string, name string) []string {
+	var keys []string
+	for k := range params {
+		if strings.EqualFold(k, name) {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// lift returns the statement that turns off, for the current transaction
+// only, the timeouts that sessions with the startup parameters params
+// start with (whatever their values), or "" if there are none.
+func lift(params map[string]string) string {
 	var sets []string
-	for _, t := range session {
-		sets = append(sets, fmt.Sprintf("set_config('%s', '0', true)", t.name))
+	for _, name := range []string{"statement_timeout", "lock_timeout"} {
+		if len(paramNames(params, name)) > 0 {
+			sets = append(sets, fmt.Sprintf("set_config('%s', '0', true)", name))
+		}
 	}
 	if len(sets) == 0 {
 		return ""

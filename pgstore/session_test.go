@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -192,21 +193,68 @@ func TestSessionTimeoutsLifted(t *testing.T) {
 
 // TestSessionTimeoutsChecked: sessions that do not carry the timeouts
 // their pool's startup parameters set (as behind a connection pooler that
-// drops them) make the store's first statement fail as misconfigured,
-// naming the setting, rather than decide with no timeout.
+// drops them) make the store fail as misconfigured, naming the setting and
+// what to do, rather than decide with no timeout: on its first statement,
+// and, with the AfterConnect warm-up, on every new connection after it.
 func TestSessionTimeoutsChecked(t *testing.T) {
 	o := pgstore.Options{StatementTimeout: 300 * time.Millisecond, LockTimeout: 100 * time.Millisecond}
-	drop := func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, "SET statement_timeout = 0")
-		return err
-	}
-	s, _ := newStoreOn(t, sessionPool(t, o, drop, nil), o)
 	r := sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}
-	for range 2 {
-		_, err := s.Take(t.Context(), r)
-		if !errors.Is(err, sluice.ErrMisconfigured) || !strings.Contains(err.Error(), "statement_timeout") {
-			t.Fatalf("Take on sessions that lost their statement_timeout: %v; want an error wrapping sluice.ErrMisconfigured that names statement_timeout", err)
+	misconfigured := func(t *testing.T, setting string, err error) {
+		t.Helper()
+		if !errors.Is(err, sluice.ErrMisconfigured) || errors.Is(err, sluice.ErrUnavailable) ||
+			!strings.Contains(err.Error(), setting) || !strings.Contains(err.Error(), "per_transaction_timeouts") {
+			t.Fatalf("Take on a session that lost its %s: %v; want an error wrapping sluice.ErrMisconfigured (only) that names %s and per_transaction_timeouts", setting, err, setting)
 		}
+	}
+	for _, setting := range []string{"statement_timeout", "lock_timeout"} {
+		drop := func(ctx context.Context, c *pgx.Conn) error {
+			_, err := c.Exec(ctx, "SET "+setting+" = 0")
+			return err
+		}
+		t.Run(setting+"/first statement", func(t *testing.T) {
+			s, _ := newStoreOn(t, sessionPool(t, o, drop, nil), o)
+			for range 2 {
+				_, err := s.Take(t.Context(), r)
+				misconfigured(t, setting, err)
+			}
+		})
+		t.Run(setting+"/new connection", func(t *testing.T) {
+			_, table := newStoreTable(t, pgstore.Options{})
+			so := o
+			so.Schema, so.Table, so.SweepInterval = testSchema, table, -1
+			warm, err := pgstore.AfterConnect(so)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The pool's first connection keeps its timeouts, the ones
+			// after it lose them.
+			var opened atomic.Int32
+			hook := func(ctx context.Context, c *pgx.Conn) error {
+				if opened.Add(1) > 1 {
+					if err := drop(ctx, c); err != nil {
+						return err
+					}
+				}
+				return warm(ctx, c)
+			}
+			pool := sessionPool(t, so, hook, nil)
+			s, err := pgstore.New(t.Context(), pool, so)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if d, err := s.Take(t.Context(), r); err != nil || !d.Allowed {
+				t.Fatalf("Take on the first connection = %+v, %v; want allowed", d, err)
+			}
+			// Hold it, so that the next take opens another.
+			held, err := pool.Acquire(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Release()
+			_, err = s.Take(t.Context(), r)
+			misconfigured(t, setting, err)
+		})
 	}
 }
 

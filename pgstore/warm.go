@@ -17,8 +17,8 @@ const warmPolicy = "sluice.warm-up"
 
 // AfterConnect returns a hook for pgxpool.Config.AfterConnect that readies
 // each new connection of a pool for decisions on the tables named by o (only
-// o's Schema, Table and OnLimitChange matter; the error is New's for a bad
-// one).
+// o's Schema, Table, OnLimitChange and timeouts matter; the error is New's
+// for a bad one).
 //
 // A connection's first call of a function costs PostgreSQL several
 // milliseconds of CPU: it compiles the function and plans each statement
@@ -33,11 +33,17 @@ const warmPolicy = "sluice.warm-up"
 // so no two connections wait on each other's warm-up, and nothing of it
 // stays in the tables.
 //
+// On a pool whose startup parameters carry o's timeouts (SessionTimeouts),
+// the hook first checks that the new session has them: a session without
+// them fails the hook with an error wrapping sluice.ErrMisconfigured, and
+// a decision that waited for the connection gets it. Then the warm-up
+// itself runs with both timeouts lifted.
+//
 // A warm-up that PostgreSQL refuses, because the schema is missing or
 // older than SchemaVersion, is not the hook's error: the connection is
-// still good, and the store's first decision reports the schema. The hook
-// fails only when ctx ends or the connection breaks; the pool then
-// discards the connection.
+// still good, and the store's first decision reports the schema. Otherwise
+// the hook fails only when ctx ends or the connection breaks; the pool
+// then discards the connection.
 func AfterConnect(o Options) (func(context.Context, *pgx.Conn) error, error) {
 	if err := o.checkTables(); err != nil {
 		return nil, err
@@ -45,41 +51,46 @@ func AfterConnect(o Options) (func(context.Context, *pgx.Conn) error, error) {
 	if err := o.OnLimitChange.Validate(); err != nil {
 		return nil, fmt.Errorf("%w (Options.OnLimitChange)", err)
 	}
+	if err := o.checkTimeouts(); err != nil {
+		return nil, err
+	}
 	q := newQueries(newNames(o.Schema, o.Table))
 	conv := int32(o.OnLimitChange)
 	return func(ctx context.Context, conn *pgx.Conn) error {
-		return warm(ctx, conn, q, conv)
+		// The timeouts a store of o relies on this session to carry.
+		_, _, session := prelude(o.StatementTimeout, o.LockTimeout, conn.Config().RuntimeParams)
+		return warm(ctx, conn, q, conv, session)
 	}, nil
 }
 
-func warm(ctx context.Context, conn *pgx.Conn, q queries, conv int32) error {
-	l := sluice.Limit{Capacity: 2, Rate: sluice.Rate{Tokens: 1, Period: time.Hour}}
-	p, err := plan(l)
+func warm(ctx context.Context, conn *pgx.Conn, q queries, conv int32, session []sessionTimeout) error {
+	b, err := warmBatch(q, conv, conn.PgConn().PID())
 	if err != nil {
 		return err // not reached: the limit is valid
 	}
-	period, units, scale := int64(l.Rate.Period/time.Microsecond), int64(p.RefillUnits()), int64(p.Scale())
-	key := fmt.Appendf(nil, "backend %d", conn.PgConn().PID())
-	key2 := fmt.Appendf(nil, "backend %d (2)", conn.PgConn().PID())
+	if len(session) > 0 {
+		// The session must carry the timeouts its startup parameters set,
+		// or the store's decisions on it would run with none.
+		var statement, lock string
+		if err := conn.QueryRow(ctx, sessionTimeoutsSQL, pgx.QueryExecModeSimpleProtocol).Scan(&statement, &lock); err != nil {
+			return fmt.Errorf("pgstore: warm-up: %w", err)
+		}
+		if err := checkSessionTimeouts(session, statement, lock); err != nil {
+			return fmt.Errorf("pgstore: warm-up: %w", err)
+		}
+	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return err
 	}
-	b := &pgx.Batch{}
 	// With no timeout but ctx's, also on a pool whose sessions carry the
 	// decisions' timeouts (SessionTimeouts): a cold compile under load is
-	// what the warm-up is for.
-	b.Queue("SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true)")
-	take := func(id []byte) {
-		b.Queue(q.takeSQL, warmPolicy, key, int64(1), l.Capacity, l.Rate.Tokens, period, units, scale, conv, id, int64(time.Minute/time.Microsecond), nil)
+	// what the warm-up is for. Sent on its own, in the simple protocol,
+	// so that nothing is prepared under the session's timeouts.
+	_, err = tx.Exec(ctx, "SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true)")
+	if err == nil {
+		err = tx.SendBatch(ctx, b).Close()
 	}
-	take(nil)
-	take([]byte("warm-up"))
-	b.Queue(q.peekSQL, warmPolicy, key, int64(1), l.Capacity, l.Rate.Tokens, period, units, scale, conv, nil)
-	b.Queue(q.takeAllSQL, []string{warmPolicy, warmPolicy}, [][]byte{key, key2}, []int64{1, 1},
-		[]int64{l.Capacity, l.Capacity}, []int64{l.Rate.Tokens, l.Rate.Tokens}, []int64{period, period}, []int64{units, units}, []int64{scale, scale},
-		conv, false, nil)
-	err = tx.SendBatch(ctx, b).Close()
 	// The rollback must run even when ctx has ended: a connection left in
 	// a transaction is no use to the pool.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -100,4 +111,27 @@ func warm(ctx context.Context, conn *pgx.Conn, q queries, conv int32) error {
 	default:
 		return fmt.Errorf("pgstore: warm-up: %w", err)
 	}
+}
+
+// warmBatch returns the warm-up's decisions, on buckets keyed by pid.
+func warmBatch(q queries, conv int32, pid uint32) (*pgx.Batch, error) {
+	l := sluice.Limit{Capacity: 2, Rate: sluice.Rate{Tokens: 1, Period: time.Hour}}
+	p, err := plan(l)
+	if err != nil {
+		return nil, err
+	}
+	period, units, scale := int64(l.Rate.Period/time.Microsecond), int64(p.RefillUnits()), int64(p.Scale())
+	key := fmt.Appendf(nil, "backend %d", pid)
+	key2 := fmt.Appendf(nil, "backend %d (2)", pid)
+	b := &pgx.Batch{}
+	take := func(id []byte) {
+		b.Queue(q.takeSQL, warmPolicy, key, int64(1), l.Capacity, l.Rate.Tokens, period, units, scale, conv, id, int64(time.Minute/time.Microsecond), nil)
+	}
+	take(nil)
+	take([]byte("warm-up"))
+	b.Queue(q.peekSQL, warmPolicy, key, int64(1), l.Capacity, l.Rate.Tokens, period, units, scale, conv, nil)
+	b.Queue(q.takeAllSQL, []string{warmPolicy, warmPolicy}, [][]byte{key, key2}, []int64{1, 1},
+		[]int64{l.Capacity, l.Capacity}, []int64{l.Rate.Tokens, l.Rate.Tokens}, []int64{period, period}, []int64{units, units}, []int64{scale, scale},
+		conv, false, nil)
+	return b, nil
 }

@@ -298,10 +298,6 @@ func openStore(ctx context.Context, cfg config.Config, rt *runtime, serving bool
 		return st, func(ctx context.Context) error { return client.Ping(ctx).Err() }, nil
 
 	case config.StorePostgres:
-		pc, err := pgxpool.ParseConfig(s.Postgres.URL.Value())
-		if err != nil {
-			return nil, nil, fmt.Errorf("store.postgres.url: %w", errors.New("not a valid PostgreSQL URL")) // the driver's message may show the password
-		}
 		o := pgstore.Options{
 			Schema:           s.Postgres.Schema,
 			Table:            s.Postgres.Table,
@@ -310,33 +306,9 @@ func openStore(ctx context.Context, cfg config.Config, rt *runtime, serving bool
 			StatementTimeout: s.Postgres.StatementTimeout,
 			LockTimeout:      s.Postgres.LockTimeout,
 		}
-		// A service warms each new connection before it decides: a cold
-		// one's first decision can outlast the statement timeout when many
-		// open at once, as on a restart under load. Its pool opens all of
-		// its connections in the background at start and keeps them, so
-		// that a decision seldom waits for a connection to open (longer
-		// than the guard's deadline), unless the URL sets pool_min_conns.
-		// The pool is the service's own, so its sessions start with the
-		// decisions' timeouts, and a decision sends no statement to set
-		// them (pgstore.SessionTimeouts), unless the config says a pooler
-		// would not pass them on. Migrate needs none of this.
-		if serving {
-			if pc.AfterConnect, err = pgstore.AfterConnect(o); err != nil {
-				return nil, nil, fmt.Errorf("store.postgres: %w", err)
-			}
-			if !s.Postgres.PerTransactionTimeouts {
-				if err := pgstore.SessionTimeouts(pc, o); err != nil {
-					return nil, nil, fmt.Errorf("store.postgres: %w", err)
-				}
-			}
-			if u, err := url.Parse(s.Postgres.URL.Value()); err == nil && !u.Query().Has("pool_min_conns") {
-				pc.MinConns = pc.MaxConns
-			}
-		}
-		// The server's pg_stat_activity names the service, unless the URL
-		// names it otherwise.
-		if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
-			pc.ConnConfig.RuntimeParams["application_name"] = "sluice"
+		pc, err := postgresPoolConfig(s.Postgres, o, serving)
+		if err != nil {
+			return nil, nil, err
 		}
 		pool, err := pgxpool.NewWithConfig(ctx, pc)
 		if err != nil {
@@ -362,6 +334,45 @@ func openStore(ctx context.Context, cfg config.Config, rt *runtime, serving bool
 		}, nil
 	}
 	return nil, nil, fmt.Errorf("%w: store.type %q", sluice.ErrInvalidOption, s.Type)
+}
+
+// postgresPoolConfig returns the config of the pool of a PostgreSQL store
+// of o: for a service (serving), one that warms each new connection, keeps
+// all of them open and carries the timeouts in its sessions.
+func postgresPoolConfig(pg config.PostgresStore, o pgstore.Options, serving bool) (*pgxpool.Config, error) {
+	pc, err := pgxpool.ParseConfig(pg.URL.Value())
+	if err != nil {
+		return nil, fmt.Errorf("store.postgres.url: %w", errors.New("not a valid PostgreSQL URL")) // the driver's message may show the password
+	}
+	// A service warms each new connection before it decides: a cold
+	// one's first decision can outlast the statement timeout when many
+	// open at once, as on a restart under load. Its pool opens all of
+	// its connections in the background at start and keeps them, so
+	// that a decision seldom waits for a connection to open (longer
+	// than the guard's deadline), unless the URL sets pool_min_conns.
+	// The pool is the service's own, so its sessions start with the
+	// decisions' timeouts, and a decision sends no statement to set
+	// them (pgstore.SessionTimeouts), unless the config says a pooler
+	// would not pass them on. Migrate needs none of this.
+	if serving {
+		if pc.AfterConnect, err = pgstore.AfterConnect(o); err != nil {
+			return nil, fmt.Errorf("store.postgres: %w", err)
+		}
+		if !pg.PerTransactionTimeouts {
+			if err := pgstore.SessionTimeouts(pc, o); err != nil {
+				return nil, fmt.Errorf("store.postgres: %w", err)
+			}
+		}
+		if u, err := url.Parse(pg.URL.Value()); err == nil && !u.Query().Has("pool_min_conns") {
+			pc.MinConns = pc.MaxConns
+		}
+	}
+	// The server's pg_stat_activity names the service, unless the URL
+	// names it otherwise.
+	if _, ok := pc.ConnConfig.RuntimeParams["application_name"]; !ok {
+		pc.ConnConfig.RuntimeParams["application_name"] = "sluice"
+	}
+	return pc, nil
 }
 
 // readinessProbe is the peek /readyz makes in a PostgreSQL store, to see

@@ -412,3 +412,43 @@ func TestPostgresDefaults(t *testing.T) {
 			pgstore.DefaultStatementTimeout, pgstore.DefaultLockTimeout, pgstore.DefaultSchema, pgstore.DefaultTable)
 	}
 }
+
+// The service's pool carries the store's timeouts in its sessions' startup
+// parameters, and warms each connection; with per_transaction_timeouts it
+// leaves the timeouts to each decision, and sluice migrate's pool does
+// neither.
+func TestPostgresPoolConfig(t *testing.T) {
+	pg := config.PostgresStore{URL: config.NewURL("postgres://u@db.internal/x?application_name=mine"), Schema: "public", Table: "sluice_buckets",
+		StatementTimeout: 250 * time.Millisecond, LockTimeout: 40 * time.Millisecond}
+	o := pgstore.Options{StatementTimeout: pg.StatementTimeout, LockTimeout: pg.LockTimeout}
+	for _, tt := range []struct {
+		name           string
+		perTx, serving bool
+		want           map[string]string // the timeouts' startup parameters; nil: none
+	}{
+		{"serve", false, true, map[string]string{"statement_timeout": "250ms", "lock_timeout": "40ms"}},
+		{"serve, per-transaction timeouts", true, true, nil},
+		{"migrate", false, false, nil},
+	} {
+		pg.PerTransactionTimeouts = tt.perTx
+		pc, err := postgresPoolConfig(pg, o, tt.serving)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		got := map[string]string{}
+		for _, k := range []string{"statement_timeout", "lock_timeout"} {
+			if v, ok := pc.ConnConfig.RuntimeParams[k]; ok {
+				got[k] = v
+			}
+		}
+		if len(got) != len(tt.want) || got["statement_timeout"] != tt.want["statement_timeout"] || got["lock_timeout"] != tt.want["lock_timeout"] {
+			t.Errorf("%s: startup parameters %v; want %v", tt.name, got, tt.want)
+		}
+		if (pc.AfterConnect != nil) != tt.serving || (pc.MinConns == pc.MaxConns) != tt.serving {
+			t.Errorf("%s: warmed %v, MinConns %d of %d; want the warm-up and every connection kept open only when serving", tt.name, pc.AfterConnect != nil, pc.MinConns, pc.MaxConns)
+		}
+		if name := pc.ConnConfig.RuntimeParams["application_name"]; name != "mine" {
+			t.Errorf("%s: application_name %q; want the URL's", tt.name, name)
+		}
+	}
+}

@@ -225,8 +225,8 @@ type PostgresStore struct {
 	// PerTransactionTimeouts sets both timeouts in each decision's
 	// transaction, a statement before the decision's, instead of in the
 	// pool's sessions (pgstore.SessionTimeouts): for a connection pooler
-	// that does not pass startup parameters on, such as PgBouncer in
-	// transaction mode. Default false.
+	// that does not pass startup parameters on to PostgreSQL, such as
+	// PgBouncer. Default false.
 	PerTransactionTimeouts bool
 }
 

@@ -50,7 +50,7 @@
 //	  #   table: sluice_buckets
 //	  #   statement_timeout: 200ms  # of each decision on the server
 //	  #   lock_timeout: 100ms       # of its wait for a bucket's row lock
-//	  #   per_transaction_timeouts: false  # true behind PgBouncer in transaction mode
+//	  #   per_transaction_timeouts: false  # true behind PgBouncer
 //	guard:
 //	  timeout: 15ms             # of every store call; keep it below the callers'
 //	  failure_mode: local       # local (the default), closed or open

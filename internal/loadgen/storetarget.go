@@ -167,7 +167,9 @@ func (t *storeTarget) Check(ctx context.Context, key string, cost int64) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, sluice.ErrMisconfigured) && t.misconfigured != "":
+	case errors.Is(err, sluice.ErrMisconfigured) && t.misconfigured != "" && strings.Contains(err.Error(), "run Migrate"):
+		// (Not for the store's other misconfigurations, such as a
+		// session without its timeouts, whose errors say what to do.)
 		return fmt.Errorf("%s: %s: %w", t.desc, t.misconfigured, err)
 	case errors.Is(err, sluice.ErrInvalidCost):
 		return fmt.Errorf("cost %d: %w", cost, err)
