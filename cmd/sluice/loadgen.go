@@ -93,6 +93,7 @@ func loadgen(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	maxErrors := fs.String("max-errors", "0%", "the share of takes that may be errors, as a percentage, before the exit status is 1")
 	fs.StringVar(&tc.PGSchema, "pg-schema", "", "postgres: the schema of the store's tables (default public)")
 	fs.StringVar(&tc.PGTable, "pg-table", "", "postgres: the store's table (default sluice_buckets)")
+	fs.BoolVar(&tc.PGPerTransactionTimeouts, "pg-per-transaction-timeouts", false, "postgres: set the timeouts in each decision's transaction, not in the sessions (behind PgBouncer)")
 
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -211,6 +212,7 @@ func loadgenFlags(tc *lg.TargetConfig, o *lg.Options, set map[string]bool, limit
 		{"conns", kind == lg.KindGRPC || kind == lg.KindEnvoy, "grpc:// and envoy:// targets"},
 		{"pg-schema", kind == lg.KindPostgres, "postgres:// targets"},
 		{"pg-table", kind == lg.KindPostgres, "postgres:// targets"},
+		{"pg-per-transaction-timeouts", kind == lg.KindPostgres, "postgres:// targets"},
 		{"zipf-s", o.Keys.Dist == lg.DistZipf, "-dist zipf"},
 		{"hot-share", o.Keys.Dist == lg.DistHot, "-dist hot"},
 		{"hot-keys", o.Keys.Dist == lg.DistHot, "-dist hot"},

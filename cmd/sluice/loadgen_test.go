@@ -150,6 +150,7 @@ func TestLoadgenUsageErrors(t *testing.T) {
 		{[]string{"-target", "envoy://127.0.0.1:1", "-policy", "api", "-domain", "d", "-descriptor", "k"}, "-policy applies to"},
 		{[]string{"-token-env", "SLUICE_LOADGEN_UNSET"}, "SLUICE_LOADGEN_UNSET is not set"},
 		{[]string{"-interval", "1ms"}, "-interval"},
+		{[]string{"-target", "memory", "-limit", "5 1/s", "-pg-per-transaction-timeouts"}, "-pg-per-transaction-timeouts applies to"},
 		// Nothing answers on port 1 of loopback: the check fails before
 		// any load.
 		{[]string{"-target", "http://127.0.0.1:1"}, "cannot reach"},
@@ -431,6 +432,13 @@ func TestLoadgenStores(t *testing.T) {
 		got, stderr, err := runLoadgen(t, args...)
 		if err != nil || got.Allowed != 50 || got.Denied != 50 || got.Errors != 0 {
 			t.Fatalf("loadgen: %+v, %v\n%s; want 50 allowed, 50 denied", got, err, stderr)
+		}
+		// The same with the timeouts set in each transaction, on keys of
+		// their own.
+		args = append(args, "-pg-per-transaction-timeouts", "-policy", "loadgen-per-tx")
+		got, stderr, err = runLoadgen(t, args...)
+		if err != nil || got.Allowed != 50 || got.Denied != 50 || got.Errors != 0 {
+			t.Fatalf("loadgen -pg-per-transaction-timeouts: %+v, %v\n%s; want 50 allowed, 50 denied", got, err, stderr)
 		}
 	})
 }

@@ -118,9 +118,11 @@ func openPostgres(ctx context.Context, c TargetConfig) (Target, error) {
 		return nil, err
 	}
 	// The pool is the load's own: its sessions carry the decisions'
-	// timeouts, as the service's do.
-	if err := pgstore.SessionTimeouts(pc, o); err != nil {
-		return nil, err
+	// timeouts, as the service's do, unless told otherwise.
+	if !c.PGPerTransactionTimeouts {
+		if err := pgstore.SessionTimeouts(pc, o); err != nil {
+			return nil, err
+		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -137,6 +137,10 @@ type TargetConfig struct {
 	MaxKeys int
 	// PGSchema and PGTable name pgstore's tables ("" for its defaults).
 	PGSchema, PGTable string
+	// PGPerTransactionTimeouts sets pgstore's timeouts in each decision's
+	// transaction instead of in the pool's sessions, as the service's
+	// store.postgres.per_transaction_timeouts does (for PgBouncer).
+	PGPerTransactionTimeouts bool
 }
 
 // Kind returns the kind of target url names, or "" for none.
