@@ -17,8 +17,12 @@ import (
 // functions are missing (SQLSTATE 3F000, 42P01, 42883, 42703), that the
 // role lacks a privilege on them (42501), or that the session is not at
 // READ COMMITTED (the take function's own check) is not set up for the
-// store: that is a deployment mistake, which a retry does not cure, and the
-// error wraps sluice.ErrMisconfigured and says what to do. Anything else
+// store, and so is a pool whose sessions cannot carry the timeouts that
+// SessionTimeouts put in its startup parameters (a connection pooler
+// refusing them, SQLSTATE 08P01, or a new session found without them by
+// AfterConnect's check): that is a deployment mistake, which a retry does
+// not cure, and the error wraps sluice.ErrMisconfigured and says what to
+// do. Anything else
 // (no connection, a broken one, a statement or lock timeout, an
 // administrator's shutdown, a read-only server, the context ending) is the
 // database not deciding for the moment: the error wraps
@@ -36,7 +40,8 @@ func (s *Store) dbError(op string, err error) error {
 				sluice.ErrMisconfigured, op, s.names.Buckets, err)
 		case pe.Code == "25000" && strings.HasPrefix(pe.Message, "sluice pgstore:"):
 			return fmt.Errorf("%w: %s: %w", sluice.ErrMisconfigured, op, err)
-		case pe.Code == "08P01" && strings.Contains(pe.Message, "startup parameter"):
+		case pe.Code == "08P01" && strings.Contains(pe.Message, "startup parameter") &&
+			(strings.Contains(pe.Message, "statement_timeout") || strings.Contains(pe.Message, "lock_timeout")):
 			// A connection pooler (PgBouncer) refusing the timeouts that
 			// SessionTimeouts put in the startup parameters.
 			return fmt.Errorf("%w: %s: %s (%s): %w", sluice.ErrMisconfigured, op, pe.Message, sessionHint, err)
@@ -50,7 +55,7 @@ func (s *Store) dbError(op string, err error) error {
 
 // sessionHint says what to do when the sessions cannot carry the timeouts.
 const sessionHint = "a connection pooler such as PgBouncer does not pass timeouts set as startup parameters on to PostgreSQL; " +
-	"set them in each decision's transaction instead: store.postgres.per_transaction_timeouts: true for sluice serve, or no pgstore.SessionTimeouts on the pool's config"
+	"set them in each decision's transaction instead: store.postgres.per_transaction_timeouts: true for sluice serve, -pg-per-transaction-timeouts for sluice loadgen, or no pgstore.SessionTimeouts on the pool's config"
 
 // checkSchema returns nil once the store's schema has been found to be of
 // SchemaVersion or later: the first call of each store reads the version

@@ -43,6 +43,7 @@ func TestDBError(t *testing.T) {
 		{"deadlock", pg("40P01", "deadlock detected"), sluice.ErrUnavailable},
 		{"connection failure", pg("08006", "connection failure"), sluice.ErrUnavailable},
 		{"pooler refusing the timeouts", pg("08P01", "unsupported startup parameter: statement_timeout"), sluice.ErrMisconfigured},
+		{"pooler refusing another parameter", pg("08P01", "unsupported startup parameter: search_path"), sluice.ErrUnavailable},
 		{"another protocol violation", pg("08P01", "invalid message format"), sluice.ErrUnavailable},
 		{"a new session without the timeouts", fmt.Errorf("failed to connect: %w", fmt.Errorf("%w: statement_timeout", sluice.ErrMisconfigured)), sluice.ErrMisconfigured},
 		{"network", &net.OpError{Op: "dial", Err: errors.New("connection refused")}, sluice.ErrUnavailable},

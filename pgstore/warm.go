@@ -35,15 +35,17 @@ const warmPolicy = "sluice.warm-up"
 //
 // On a pool whose startup parameters carry o's timeouts (SessionTimeouts),
 // the hook first checks that the new session has them: a session without
-// them fails the hook with an error wrapping sluice.ErrMisconfigured, and
-// a decision that waited for the connection gets it. Then the warm-up
-// itself runs with both timeouts lifted.
+// them fails the hook with an error wrapping sluice.ErrMisconfigured, so no
+// decision runs on it, and a decision still waiting for that connection
+// gets the error (one whose context ended first gets its context's error).
+// Then the warm-up itself runs with both timeouts lifted.
 //
 // A warm-up that PostgreSQL refuses, because the schema is missing or
 // older than SchemaVersion, is not the hook's error: the connection is
 // still good, and the store's first decision reports the schema. Otherwise
-// the hook fails only when ctx ends or the connection breaks; the pool
-// then discards the connection.
+// the hook fails only when ctx ends, the connection breaks, or the check
+// of the session's timeouts fails or cannot run; the pool then discards
+// the connection.
 func AfterConnect(o Options) (func(context.Context, *pgx.Conn) error, error) {
 	if err := o.checkTables(); err != nil {
 		return nil, err

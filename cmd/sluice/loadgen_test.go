@@ -434,7 +434,7 @@ func TestLoadgenStores(t *testing.T) {
 			t.Fatalf("loadgen: %+v, %v\n%s; want 50 allowed, 50 denied", got, err, stderr)
 		}
 		// The same with the timeouts set in each transaction, on keys of
-		// their own.
+		// their own (that the flag reaches the pool is TestReadyPool's).
 		args = append(args, "-pg-per-transaction-timeouts", "-policy", "loadgen-per-tx")
 		got, stderr, err = runLoadgen(t, args...)
 		if err != nil || got.Allowed != 50 || got.Denied != 50 || got.Errors != 0 {

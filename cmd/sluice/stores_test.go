@@ -451,4 +451,14 @@ func TestPostgresPoolConfig(t *testing.T) {
 			t.Errorf("%s: application_name %q; want the URL's", tt.name, name)
 		}
 	}
+	// Without a name in the URL, the server sees "sluice"; with
+	// pool_min_conns, the pool keeps as many open as the URL says.
+	pg.URL = config.NewURL("postgres://u@db.internal/x?pool_min_conns=1&pool_max_conns=4")
+	pc, err := postgresPoolConfig(pg, o, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name := pc.ConnConfig.RuntimeParams["application_name"]; name != "sluice" || pc.MinConns != 1 || pc.MaxConns != 4 {
+		t.Errorf("application_name %q, MinConns %d, MaxConns %d; want sluice, 1 and 4", name, pc.MinConns, pc.MaxConns)
+	}
 }

@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/pgstore"
 )
 
 // fakeTarget answers every take at once, by a rule of its key, and counts
@@ -497,6 +499,25 @@ func TestLoadgenOpenErrors(t *testing.T) {
 		}
 		if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "secret") {
 			t.Errorf("Open(%+v): %v, want an error containing %q (and no password)", tt.c, err, tt.want)
+		}
+	}
+}
+
+// A PostgreSQL target's pool is warmed and carries the store's timeouts in
+// its sessions, unless PGPerTransactionTimeouts leaves them to each
+// decision.
+func TestReadyPool(t *testing.T) {
+	for _, perTx := range []bool{false, true} {
+		pc, err := pgxpool.ParseConfig("postgres://u@127.0.0.1/db")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := readyPool(pc, pgstore.Options{}, perTx); err != nil {
+			t.Fatal(err)
+		}
+		st, lt := pc.ConnConfig.RuntimeParams["statement_timeout"], pc.ConnConfig.RuntimeParams["lock_timeout"]
+		if perTx && (st != "" || lt != "") || !perTx && (st != "200ms" || lt != "100ms") || pc.AfterConnect == nil {
+			t.Errorf("per-transaction %v: statement_timeout %q, lock_timeout %q, warmed %v; want pgstore's defaults in the sessions unless per-transaction, and the warm-up", perTx, st, lt, pc.AfterConnect != nil)
 		}
 	}
 }

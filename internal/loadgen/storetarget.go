@@ -112,17 +112,8 @@ func openPostgres(ctx context.Context, c TargetConfig) (Target, error) {
 		pc.MaxConns = int32(min(c.Slots, 64))
 	}
 	o := pgstore.Options{Schema: c.PGSchema, Table: c.PGTable}
-	// Connections are warmed as the service warms them: the load measures
-	// decisions, not PostgreSQL compiling its functions on a first call.
-	if pc.AfterConnect, err = pgstore.AfterConnect(o); err != nil {
+	if err := readyPool(pc, o, c.PGPerTransactionTimeouts); err != nil {
 		return nil, err
-	}
-	// The pool is the load's own: its sessions carry the decisions'
-	// timeouts, as the service's do, unless told otherwise.
-	if !c.PGPerTransactionTimeouts {
-		if err := pgstore.SessionTimeouts(pc, o); err != nil {
-			return nil, err
-		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -146,6 +137,21 @@ func openPostgres(ctx context.Context, c TargetConfig) (Target, error) {
 	}
 	t.misconfigured = fmt.Sprintf("the schema %s (table %s) must be migrated first: run `sluice migrate -config FILE` with a config whose store.postgres names this database and schema (docs/service.md), then try again", schema, table)
 	return t, nil
+}
+
+// readyPool makes pc's connections as the service makes its own: warmed
+// before they serve (the load measures decisions, not PostgreSQL compiling
+// its functions on a first call), and, unless perTx, with the decisions'
+// timeouts in their sessions.
+func readyPool(pc *pgxpool.Config, o pgstore.Options, perTx bool) error {
+	var err error
+	if pc.AfterConnect, err = pgstore.AfterConnect(o); err != nil {
+		return err
+	}
+	if perTx {
+		return nil
+	}
+	return pgstore.SessionTimeouts(pc, o)
 }
 
 func (t *storeTarget) Describe() string {
