@@ -321,8 +321,9 @@ func (o *Options) checkTimeouts() error {
 // SessionTimeouts sets statement_timeout and lock_timeout to o's
 // StatementTimeout and LockTimeout (or their defaults) in the startup
 // parameters of cfg's connections (cfg.ConnConfig.RuntimeParams), so that
-// every session of a pool made from cfg starts with them; a negative one is
-// left as cfg has it. A Store of that pool with the same timeouts then sends
+// every session of a pool made from cfg starts with them (replacing any
+// other spelling of their names there); a negative one is left as cfg has
+// it. A Store of that pool with the same timeouts then sends
 // no statement to set them before each decision, a statement that cost
 // 4-9 % of the takes a second of new keys (docs/BENCHMARKS.md): New
 // compares its timeouts with its pool's startup parameters, and a decision
@@ -350,6 +351,10 @@ func SessionTimeouts(cfg *pgxpool.Config, o Options) error {
 		cfg.ConnConfig.RuntimeParams = map[string]string{}
 	}
 	for _, t := range timeoutSettings(o.StatementTimeout, o.LockTimeout) {
+		// One spelling of the name, so that the session's value is known.
+		for _, k := range paramNames(cfg.ConnConfig.RuntimeParams, t.name) {
+			delete(cfg.ConnConfig.RuntimeParams, k)
+		}
 		cfg.ConnConfig.RuntimeParams[t.name] = t.value()
 	}
 	return nil

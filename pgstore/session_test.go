@@ -272,12 +272,12 @@ func TestSessionTimeoutsOptions(t *testing.T) {
 	if got := pc.ConnConfig.RuntimeParams; got["statement_timeout"] != "2ms" || got["lock_timeout"] != "7s" {
 		t.Errorf("RuntimeParams = %v; want statement_timeout 2ms and the URL's lock_timeout 7s", got)
 	}
-	pc, _ = pgxpool.ParseConfig("postgres://u@127.0.0.1/db")
+	pc, _ = pgxpool.ParseConfig("postgres://u@127.0.0.1/db?Statement_Timeout=0")
 	if err := pgstore.SessionTimeouts(pc, pgstore.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	if got := pc.ConnConfig.RuntimeParams; got["statement_timeout"] != "200ms" || got["lock_timeout"] != "100ms" {
-		t.Errorf("RuntimeParams = %v; want the defaults, statement_timeout 200ms and lock_timeout 100ms", got)
+	if got := pc.ConnConfig.RuntimeParams; len(got) != 2 || got["statement_timeout"] != "200ms" || got["lock_timeout"] != "100ms" {
+		t.Errorf("RuntimeParams = %v; want the defaults alone, statement_timeout 200ms and lock_timeout 100ms", got)
 	}
 	for _, bad := range []pgstore.Options{{StatementTimeout: pgstore.MaxTimeout + time.Millisecond}, {LockTimeout: pgstore.MaxTimeout + time.Millisecond}} {
 		pc, _ := pgxpool.ParseConfig("postgres://u@127.0.0.1/db")
