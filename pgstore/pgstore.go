@@ -423,11 +423,24 @@ func paramNames(params map[string]string, name string) []string {
 // only, the timeouts that sessions with the startup parameters params
 // start with (whatever their values), or "" if there are none.
 func lift(params map[string]string) string {
-	var sets []string
-	for _, name := range []string{"statement_timeout", "lock_timeout"} {
+	var named []string
+	for _, name := range timeoutNames {
 		if len(paramNames(params, name)) > 0 {
-			sets = append(sets, fmt.Sprintf("set_config('%s', '0', true)", name))
+			named = append(named, name)
 		}
+	}
+	return liftNames(named)
+}
+
+// timeoutNames are the settings of StatementTimeout and LockTimeout.
+var timeoutNames = []string{"statement_timeout", "lock_timeout"}
+
+// liftNames returns the statement that turns off the settings names for
+// the current transaction only, or "" if there are none.
+func liftNames(names []string) string {
+	var sets []string
+	for _, name := range names {
+		sets = append(sets, fmt.Sprintf("set_config('%s', '0', true)", name))
 	}
 	if len(sets) == 0 {
 		return ""

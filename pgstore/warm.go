@@ -89,7 +89,7 @@ func warm(ctx context.Context, conn *pgx.Conn, q queries, conv int32, session []
 	// decisions' timeouts (SessionTimeouts): a cold compile under load is
 	// what the warm-up is for. Sent on its own, in the simple protocol,
 	// so that nothing is prepared under the session's timeouts.
-	_, err = tx.Exec(ctx, "SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true)")
+	_, err = tx.Exec(ctx, liftNames(timeoutNames))
 	if err == nil {
 		err = tx.SendBatch(ctx, b).Close()
 	}
