@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
@@ -18,6 +19,16 @@ import (
 // one token refills, so exactly 1,000 takes are allowed, each seeing a
 // different Remaining.
 func TestConcurrentOneKeyDatabaseClock(t *testing.T) {
+	for _, first := range []bool{false, true} {
+		t.Run(fmt.Sprintf("insert first %v", first), func(t *testing.T) { testConcurrentOneKey(t, first) })
+	}
+}
+
+// testConcurrentOneKey is TestConcurrentOneKeyDatabaseClock with every
+// take trying the insert of a new bucket first, or none
+// (docs/postgres.md, "Takes of new keys"): the workers' first takes all
+// find the key missing and race to create it.
+func testConcurrentOneKey(t *testing.T, insertFirst bool) {
 	const workers, takes = 64, 100
 	s := newStore(t, pgstore.Options{
 		// Exactness, not latency, is under test: the hot key's queue may
@@ -25,6 +36,7 @@ func TestConcurrentOneKeyDatabaseClock(t *testing.T) {
 		StatementTimeout: time.Minute,
 		LockTimeout:      time.Minute,
 	})
+	pgstore.SetInsertFirst(s, insertFirst)
 	l := sluice.Limit{Capacity: 1000, Rate: sluice.Per(1, time.Hour)}
 	ctx := context.Background()
 	var (

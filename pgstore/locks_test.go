@@ -23,26 +23,38 @@ const lockHold = 100 * time.Millisecond
 // missing, add nothing; so does a take whose bucket a sweep is deleting,
 // which waits for the delete to commit and then creates the bucket, full
 // (the price of telling it from a missing bucket would be a second index
-// probe on every new key: docs/postgres.md).
+// probe on every new key: docs/postgres.md). A take that tries the insert
+// first (docs/postgres.md, "Takes of new keys") and waits there for
+// another session inserting the same key does not count that wait either:
+// the plain insert reports no time.
 func TestLockWaits(t *testing.T) {
+	for _, first := range []bool{false, true} {
+		t.Run(fmt.Sprintf("insert first %v", first), func(t *testing.T) { testLockWaits(t, first) })
+	}
+}
+
+func testLockWaits(t *testing.T, insertFirst bool) {
 	tests := []struct {
 		name string
 		// hold takes the bucket of key "k" (present unless missing is
 		// set) in tx, as another session would.
 		hold    string
 		missing bool
-		// uncounted is set when the wait is not counted in Stats.
-		uncounted bool
+		// uncounted is set when the wait is not counted in Stats, and
+		// uncountedFirst when it is not counted by a take that tries
+		// the insert first.
+		uncounted, uncountedFirst bool
 	}{
-		{"row locked", "SELECT 1 FROM %s WHERE key = $1 FOR UPDATE", false, false},
-		{"row updated", "UPDATE %s SET stamp = stamp WHERE key = $1", false, false},
-		{"row being deleted", "DELETE FROM %s WHERE key = $1", false, true},
-		{"new key being inserted", "INSERT INTO %s (policy, key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at) VALUES ('" + testPolicy + "', $1, 10, 0, 0, 10, 1, 1000000, 0)", true, false},
+		{"row locked", "SELECT 1 FROM %s WHERE key = $1 FOR UPDATE", false, false, false},
+		{"row updated", "UPDATE %s SET stamp = stamp WHERE key = $1", false, false, false},
+		{"row being deleted", "DELETE FROM %s WHERE key = $1", false, true, true},
+		{"new key being inserted", "INSERT INTO %s (policy, key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at) VALUES ('" + testPolicy + "', $1, 10, 0, 0, 10, 1, 1000000, 0)", true, false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			s, table := newStoreTable(t, pgstore.Options{StatementTimeout: time.Minute, LockTimeout: time.Minute})
+			pgstore.SetInsertFirst(s, insertFirst)
 			r := sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}
 			if !tt.missing {
 				// Creating the bucket, then taking from it unhindered,
@@ -92,7 +104,7 @@ func TestLockWaits(t *testing.T) {
 				t.Errorf("Take(%+v) returned after %v; want it to wait for the other transaction, at least %v", r, res.elapsed, lockHold)
 			}
 			st := s.Stats()
-			if tt.uncounted {
+			if tt.uncounted || insertFirst && tt.uncountedFirst {
 				if want := testLimit.Capacity - 1; res.d.Remaining != want {
 					t.Errorf("Take(%+v) after its bucket was deleted = %+v; want a new, full bucket (remaining %d)", r, res.d, want)
 				}
@@ -119,8 +131,9 @@ func waitForLockWait(t *testing.T, table string) {
 	for {
 		var n int
 		err := testPool.QueryRow(context.Background(),
-			"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE $1",
-			"%"+pgx.Identifier{testSchema, table + "_take"}.Sanitize()+"%").Scan(&n)
+			"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database() AND (query LIKE $1 OR query LIKE $2)",
+			"%"+pgx.Identifier{testSchema, table + "_take"}.Sanitize()+"%",
+			"%INSERT INTO "+qualified(table)+" AS b%").Scan(&n)
 		if err != nil {
 			t.Fatal(err)
 		}

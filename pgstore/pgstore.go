@@ -7,7 +7,12 @@
 // decides, records the request ID of an allowed decision and keeps the
 // expiry column up to date, all in one transaction and one round trip.
 // There is no read in one round trip and write in another, and no retry
-// loop on serialization failures. The arithmetic is bucket.Plan's at a tick
+// loop on serialization failures. While most takes create their bucket, a
+// take with no request ID first tries two plain statements in one
+// transaction and round trip instead, an insert of the new bucket and its
+// check against the sweep floor, which PostgreSQL runs faster than the
+// function; a take that finds its bucket there is decided by the function
+// (Stats.InsertFirst, docs/postgres.md). The arithmetic is bucket.Plan's at a tick
 // of one microsecond, in bigint and numeric (arbitrary precision), so
 // decisions equal the in-memory store's exactly for limits whose period is a
 // whole number of microseconds (CheckLimit).
@@ -184,6 +189,7 @@ type Store struct {
 	lastSweepErr                            atomic.Pointer[error]
 	lockWaits, lockWaitMicros, lockTimeouts atomic.Uint64
 	conversions                             atomic.Uint64
+	insertFirstScore
 
 	cancelSweeper context.CancelFunc
 	done          chan struct{}
@@ -253,6 +259,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 		pause:     o.SweepPauseRatio,
 		done:      make(chan struct{}),
 	}
+	s.insertScore.Store(insertFirstStart)
 	params := pool.Config().ConnConfig.RuntimeParams
 	s.prelude, s.timeouts, s.session = prelude(o.StatementTimeout, o.LockTimeout, params)
 	s.lift = lift(params)
@@ -284,6 +291,8 @@ func (o *Options) checkTables() error {
 // queries are the statements that call the schema's functions.
 type queries struct {
 	takeSQL, peekSQL, takeAllSQL, refundSQL, resetSQL, sweepSQL string
+	// createSQL and floorSQL take from a new bucket (create.go).
+	createSQL, floorSQL string
 }
 
 func newQueries(n names) queries {
@@ -297,6 +306,18 @@ func newQueries(n names) queries {
 			n.Refund + "($1::text, $2::bytea, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
 		resetSQL: "SELECT o_reset FROM " + n.Reset + "($1::text, $2::bytea, $3)",
 		sweepSQL: "SELECT o_buckets, o_request_ids FROM " + n.Sweep + "($1, $2)",
+		createSQL: "INSERT INTO " + n.Buckets + " AS b (policy, key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at) " +
+			"SELECT $1::text, $2::bytea, $4::bigint - $3::bigint, 0, n.now, $4, $5, $6, " +
+			"CASE WHEN $7::bigint IS NULL OR n.now >= 9223372036854775807 - $7::bigint THEN NULL ELSE n.now + $7::bigint END " +
+			"FROM (SELECT coalesce($8::bigint, " + n.Clock + "()) AS now) AS n " +
+			"WHERE current_setting('transaction_isolation') = 'read committed' " +
+			"AND NOT EXISTS (SELECT FROM " + n.Buckets + " AS e WHERE e.policy = $1::text AND e.key = $2::bytea) " +
+			"ON CONFLICT (policy, key) DO NOTHING RETURNING b.stamp",
+		floorSQL: "UPDATE " + n.Buckets + " AS b SET stamp = f.floor_us, " +
+			"full_at = CASE WHEN $3::bigint IS NULL OR f.floor_us >= 9223372036854775807 - $3::bigint THEN NULL ELSE f.floor_us + $3::bigint END " +
+			"FROM " + n.Floor + " AS f " +
+			"WHERE b.policy = $1::text AND b.key = $2::bytea AND b.xmin = xid(pg_current_xact_id_if_assigned()) AND f.floor_us > b.stamp " +
+			"RETURNING b.stamp",
 	}
 }
 
@@ -502,9 +523,15 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	if err := s.checkSchema(ctx, "take"); err != nil {
 		return sluice.Decision{}, err
 	}
+	key := []byte(r.Key)
 	var id []byte
 	if r.RequestID != "" {
 		id = []byte(r.RequestID)
+	} else if smallPlan(r.Limit, p) && s.insertFirst() {
+		d, created, err := s.takeNew(ctx, r, p, key)
+		if err != nil || created {
+			return d, err
+		}
 	}
 	var (
 		status                                 int32
@@ -515,7 +542,7 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	)
 	err = s.queryRow(ctx, s.takeSQL,
 		[]any{&status, &allowed, &remaining, &retry, &reset, &idCost, &idCapacity, &idTokens, &idPeriod, &lockWait, &converted},
-		r.Policy, []byte(r.Key), r.Cost,
+		r.Policy, key, r.Cost,
 		r.Limit.Capacity, r.Limit.Rate.Tokens, int64(r.Limit.Rate.Period/time.Microsecond), int64(p.RefillUnits()), int64(p.Scale()),
 		s.conv, id, s.idTTL, s.nowMicros())
 	if err != nil {

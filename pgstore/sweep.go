@@ -58,6 +58,13 @@ type Stats struct {
 	// rolls out. A bucket swept
 	// since its last decision is new again and not counted.
 	Conversions uint64
+	// InsertFirst is the number of takes that tried to create their bucket
+	// with a plain insert before deciding, and InsertFirstMisses those of
+	// them that found the bucket there and were decided by the take
+	// function in a second round trip (docs/postgres.md, "Takes of new
+	// keys"). The store tries the insert first while most such tries
+	// create their bucket.
+	InsertFirst, InsertFirstMisses uint64
 }
 
 // Stats returns the store's counters. It is safe to call concurrently.
@@ -70,6 +77,9 @@ func (s *Store) Stats() Stats {
 		LockWaits:       s.lockWaits.Load(),
 		LockTimeouts:    s.lockTimeouts.Load(),
 		Conversions:     s.conversions.Load(),
+
+		InsertFirst:       s.insertFirstTries.Load(),
+		InsertFirstMisses: s.insertFirstMisses.Load(),
 	}
 	if p := s.lastSweepErr.Load(); p != nil {
 		st.LastSweepError = *p

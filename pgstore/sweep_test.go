@@ -411,9 +411,19 @@ func TestSweepSessionSettings(t *testing.T) {
 // that refilled in between. The take creates the bucket no earlier than
 // the sweep's time, so a later take whose clock still reads before that
 // time finds what is left.
+//
+// It runs with every take trying the insert of a new bucket first, and
+// with none (docs/postgres.md, "Takes of new keys").
 func TestSweepMintsNoTokens(t *testing.T) {
+	for _, first := range []bool{false, true} {
+		t.Run(fmt.Sprintf("insert first %v", first), func(t *testing.T) { testSweepMintsNoTokens(t, first) })
+	}
+}
+
+func testSweepMintsNoTokens(t *testing.T, insertFirst bool) {
 	clock := sluicetest.NewClock(epoch)
 	s, table := newStoreTable(t, pgstore.Options{Now: clock.Now, StatementTimeout: time.Minute, LockTimeout: time.Minute})
+	pgstore.SetInsertFirst(s, insertFirst)
 	ctx := context.Background()
 	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)} // full 1s after it is emptied
 	at := func(d time.Duration) { clock.Set(epoch.Add(d)) }

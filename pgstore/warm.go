@@ -28,8 +28,9 @@ const warmPolicy = "sluice.warm-up"
 // StatementTimeout and fail as unavailable. The hook pays it before the
 // connection serves, with no timeout but ctx's: in one transaction that it
 // rolls back, it takes from a new bucket, takes from it again with a
-// request ID, peeks at it and takes from it and a second bucket in one
-// multi-take. The buckets are keyed by the connection's backend process ID,
+// request ID, takes from a third bucket as a new key's take that tries the
+// insert first does, peeks at the first and takes from it and a second
+// bucket in one multi-take. The buckets are keyed by the connection's backend process ID,
 // so no two connections wait on each other's warm-up, and nothing of it
 // stays in the tables.
 //
@@ -131,6 +132,11 @@ func warmBatch(q queries, conv int32, pid uint32) (*pgx.Batch, error) {
 	}
 	take(nil)
 	take([]byte("warm-up"))
+	// A take of a new key that tries the insert first (create.go).
+	key3 := fmt.Appendf(nil, "backend %d (3)", pid)
+	reset := int64(time.Hour / time.Microsecond)
+	b.Queue(q.createSQL, warmPolicy, key3, int64(1), l.Capacity, l.Rate.Tokens, period, reset, nil)
+	b.Queue(q.floorSQL, warmPolicy, key3, reset)
 	b.Queue(q.peekSQL, warmPolicy, key, int64(1), l.Capacity, l.Rate.Tokens, period, units, scale, conv, nil)
 	b.Queue(q.takeAllSQL, []string{warmPolicy, warmPolicy}, [][]byte{key, key2}, []int64{1, 1},
 		[]int64{l.Capacity, l.Capacity}, []int64{l.Rate.Tokens, l.Rate.Tokens}, []int64{period, period}, []int64{units, units}, []int64{scale, scale},

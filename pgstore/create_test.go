@@ -1,0 +1,151 @@
+package pgstore_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/pgstore"
+	"github.com/sluicehq/sluice/sluicetest"
+)
+
+// TestInsertFirstFloor: a take that creates its bucket with the plain
+// insert (docs/postgres.md, "Takes of new keys") at a time before the
+// latest sweep's makes it no earlier than the sweep, as the take function
+// does: the bucket the sweep deleted was full at the sweep's time, not at
+// the take's, and a bucket made full at the take's time would hold the
+// tokens that refilled in between.
+func TestInsertFirstFloor(t *testing.T) {
+	for _, first := range []bool{false, true} {
+		t.Run(fmt.Sprintf("insert first %v", first), func(t *testing.T) {
+			clock := sluicetest.NewClock(epoch)
+			s := newStore(t, pgstore.Options{Now: clock.Now})
+			pgstore.SetInsertFirst(s, first)
+			ctx := context.Background()
+			l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)} // full 1s after it is emptied
+			at := func(d time.Duration) { clock.Set(epoch.Add(d)) }
+			take := func(cost int64) (sluice.Decision, error) {
+				return s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: cost, Limit: l})
+			}
+			if d, err := take(10); err != nil || !d.Allowed {
+				t.Fatalf("Take(10) = %+v, %v", d, err)
+			}
+			// A sweep at +2s deletes the bucket, full since +1s.
+			at(2 * time.Second)
+			if n, err := s.Sweep(ctx); err != nil || n.Buckets != 1 {
+				t.Fatalf("Sweep at +2s = %+v, %v; want 1 bucket deleted", n, err)
+			}
+			before := s.Stats()
+			// A take whose clock reads +0.5s, when the bucket held 5
+			// tokens, creates it at +2s: its reset runs from +0.5s to +2s
+			// and one second more.
+			at(500 * time.Millisecond)
+			want := sluice.Decision{Allowed: true, Remaining: 0, ResetAfter: 2500 * time.Millisecond, Limit: l}
+			if d, err := take(10); err != nil || d != want {
+				t.Fatalf("Take(10) at +0.5s after a sweep at +2s = %+v, %v; want %+v", d, err, want)
+			}
+			if st := s.Stats(); st.InsertFirst-before.InsertFirst != uint64(one(first)) || st.InsertFirstMisses != before.InsertFirstMisses {
+				t.Errorf("Stats() = %+v after %+v; want InsertFirst up by %d and no miss", st, before, one(first))
+			}
+			// At +1.5s nothing has refilled since +2s.
+			at(1500 * time.Millisecond)
+			denied := sluice.Decision{Remaining: 0, RetryAfter: 1500 * time.Millisecond, ResetAfter: 1500 * time.Millisecond, Limit: l}
+			if d, err := take(10); err != nil || d != denied {
+				t.Errorf("Take(10) at +1.5s = %+v, %v; want %+v (nothing refilled since the bucket was made at +2s)", d, err, denied)
+			}
+			at(3 * time.Second)
+			if d, err := take(10); err != nil || !d.Allowed {
+				t.Fatalf("Take(10) at +3s = %+v, %v; want allowed (full again 1s after +2s)", d, err)
+			}
+		})
+	}
+}
+
+// TestInsertFirstLeavesExistingBuckets: the statement that raises a new
+// bucket to the sweep floor runs whether or not the insert before it
+// created the bucket, and must leave a bucket that was there alone, even
+// one stamped before the floor (not full at the sweep, so not deleted):
+// moving its stamp to the floor would throw away what refilled before it.
+func TestInsertFirstLeavesExistingBuckets(t *testing.T) {
+	clock := sluicetest.NewClock(epoch)
+	s := newStore(t, pgstore.Options{Now: clock.Now})
+	pgstore.SetInsertFirst(s, true)
+	ctx := context.Background()
+	l := sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(1)}
+	at := func(d time.Duration) { clock.Set(epoch.Add(d)) }
+	take := func(cost int64) (sluice.Decision, error) {
+		return s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: cost, Limit: l})
+	}
+	if d, err := take(100); err != nil || !d.Allowed {
+		t.Fatalf("Take(100) = %+v, %v", d, err)
+	}
+	// A sweep at +5s raises the floor; the empty bucket stays.
+	at(5 * time.Second)
+	if n, err := s.Sweep(ctx); err != nil || n.Buckets != 0 {
+		t.Fatalf("Sweep at +5s = %+v, %v; want nothing deleted", n, err)
+	}
+	// At +10s, 10 tokens have refilled since the take at 0.
+	at(10 * time.Second)
+	want := sluice.Decision{Allowed: true, Remaining: 0, ResetAfter: 100 * time.Second, Limit: l}
+	if d, err := take(10); err != nil || d != want {
+		t.Fatalf("Take(10) at +10s = %+v, %v; want %+v", d, err, want)
+	}
+	if st := s.Stats(); st.InsertFirst != 2 || st.InsertFirstMisses != 1 {
+		t.Errorf("Stats() = %+v; want InsertFirst 2, InsertFirstMisses 1", st)
+	}
+}
+
+// TestInsertFirstAdaptive: a store tries the insert first while its tries
+// create buckets, stops after a few that find their bucket, then tries only
+// one take in insertFirstProbe (32), and starts again once those create
+// buckets. Every decision is the function's.
+func TestInsertFirstAdaptive(t *testing.T) {
+	s := newStore(t, pgstore.Options{})
+	ctx := context.Background()
+	l := sluice.Limit{Capacity: 1 << 20, Rate: sluice.PerSecond(1)}
+	take := func(key string) {
+		t.Helper()
+		d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: l})
+		if err != nil || !d.Allowed {
+			t.Fatalf("Take(%q) = %+v, %v", key, d, err)
+		}
+	}
+	// New keys: every take tries the insert, and creates.
+	for i := range 19 {
+		take(fmt.Sprintf("new %d", i))
+	}
+	take("old")
+	if st := s.Stats(); st.InsertFirst != 20 || st.InsertFirstMisses != 0 {
+		t.Fatalf("after 20 takes of new keys, Stats() = %+v; want InsertFirst 20, no miss", st)
+	}
+	// One key over and over: three misses take the score from its top
+	// (8) below 0; then one take in 32 tries.
+	for range 320 {
+		take("old")
+	}
+	st := s.Stats()
+	if tries, misses := st.InsertFirst-20, st.InsertFirstMisses; tries != misses || misses < 3+320/32-1 || misses > 3+320/32+1 {
+		t.Fatalf("after 320 takes of one key, Stats() = %+v; want 3 misses and one in 32 of the rest (%d to %d)", st, 3+320/32-1, 3+320/32+1)
+	}
+	// New keys again: five probes that create, one take in 32, bring the
+	// score from its bottom (-4) above 0, and every take tries again.
+	for i := range 5 * 32 {
+		take(fmt.Sprintf("back %d", i))
+	}
+	st2 := s.Stats()
+	if got := st2.InsertFirst - st.InsertFirst; got < 5 || got > 5+31 {
+		t.Errorf("160 takes of new keys after the misses tried the insert first %d times; want 5 probes, and then every take (5 to 36)", got)
+	}
+	for i := range 32 {
+		take(fmt.Sprintf("again %d", i))
+	}
+	st3 := s.Stats()
+	if st3.InsertFirstMisses != st.InsertFirstMisses {
+		t.Errorf("takes of new keys missed: Stats() = %+v after %+v", st3, st)
+	}
+	if got := st3.InsertFirst - st2.InsertFirst; got != 32 {
+		t.Errorf("32 more takes of new keys tried the insert first %d times; want all 32", got)
+	}
+}
