@@ -41,6 +41,8 @@ func Example() {
 	}
 	// Output:
 	// sluice_pgstore_conversions_total 0
+	// sluice_pgstore_insert_first_misses_total 0
+	// sluice_pgstore_insert_first_total 0
 	// sluice_pgstore_lock_timeouts_total 0
 	// sluice_pgstore_lock_wait_seconds_total 0
 	// sluice_pgstore_lock_waits_total 0

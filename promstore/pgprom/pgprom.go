@@ -46,6 +46,13 @@ import (
 //     their bucket stored under another limit of the same policy and
 //     converted it; a steady rate with no config change means processes
 //     disagree on a policy's limit.
+//   - <ns>_pgstore_insert_first_total: counter of the takes that tried
+//     to create their bucket with a plain insert before deciding
+//     (pgstore.Stats.InsertFirst), and
+//     <ns>_pgstore_insert_first_misses_total those of them that found the
+//     bucket there and were decided by the take function in a second
+//     round trip. The store tries the insert first while most tries
+//     create their bucket.
 //
 // <ns> is o.Namespace (default promstore.DefaultNamespace, "sluice"), and
 // o.ConstLabels are added to every metric; the other fields of o are not
@@ -86,6 +93,10 @@ func Register(reg prometheus.Registerer, o promstore.Options, stats func() pgsto
 			"Decisions of the PostgreSQL store that gave up waiting for a bucket's row lock at the lock timeout."),
 		conversions: desc("conversions_total",
 			"Takes of the PostgreSQL store that converted a bucket stored under another limit of the same policy; a steady rate means processes disagree on a limit."),
+		insertFirst: desc("insert_first_total",
+			"Takes of the PostgreSQL store that tried to create their bucket with a plain insert before deciding."),
+		insertFirstMisses: desc("insert_first_misses_total",
+			"Takes of the PostgreSQL store that tried to create their bucket with a plain insert, found it there, and were decided by the take function in a second round trip."),
 	})
 }
 
@@ -94,7 +105,7 @@ func Register(reg prometheus.Registerer, o promstore.Options, stats func() pgsto
 type collector struct {
 	stats                                                                  func() pgstore.Stats
 	sweptBuckets, sweptIDs, sweepErrors, lockWait, lockWaits, lockTimeouts *prometheus.Desc
-	conversions                                                            *prometheus.Desc
+	conversions, insertFirst, insertFirstMisses                            *prometheus.Desc
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -105,6 +116,8 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.lockWaits
 	ch <- c.lockTimeouts
 	ch <- c.conversions
+	ch <- c.insertFirst
+	ch <- c.insertFirstMisses
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -116,4 +129,6 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.lockWaits, prometheus.CounterValue, float64(st.LockWaits))
 	ch <- prometheus.MustNewConstMetric(c.lockTimeouts, prometheus.CounterValue, float64(st.LockTimeouts))
 	ch <- prometheus.MustNewConstMetric(c.conversions, prometheus.CounterValue, float64(st.Conversions))
+	ch <- prometheus.MustNewConstMetric(c.insertFirst, prometheus.CounterValue, float64(st.InsertFirst))
+	ch <- prometheus.MustNewConstMetric(c.insertFirstMisses, prometheus.CounterValue, float64(st.InsertFirstMisses))
 }

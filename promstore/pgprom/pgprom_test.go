@@ -116,6 +116,9 @@ func TestStats(t *testing.T) {
 			LockWaits:       12,
 			LockTimeouts:    4,
 			Conversions:     5,
+
+			InsertFirst:       9,
+			InsertFirstMisses: 6,
 		}
 	}
 	if err := pgprom.Register(reg, promstore.Options{Namespace: "app", ConstLabels: prometheus.Labels{"store": "pg"}}, stats); err != nil {
@@ -125,6 +128,12 @@ func TestStats(t *testing.T) {
 # HELP app_pgstore_conversions_total Takes of the PostgreSQL store that converted a bucket stored under another limit of the same policy; a steady rate means processes disagree on a limit.
 # TYPE app_pgstore_conversions_total counter
 app_pgstore_conversions_total{store="pg"} 5
+# HELP app_pgstore_insert_first_misses_total Takes of the PostgreSQL store that tried to create their bucket with a plain insert, found it there, and were decided by the take function in a second round trip.
+# TYPE app_pgstore_insert_first_misses_total counter
+app_pgstore_insert_first_misses_total{store="pg"} 6
+# HELP app_pgstore_insert_first_total Takes of the PostgreSQL store that tried to create their bucket with a plain insert before deciding.
+# TYPE app_pgstore_insert_first_total counter
+app_pgstore_insert_first_total{store="pg"} 9
 # HELP app_pgstore_lock_timeouts_total Decisions of the PostgreSQL store that gave up waiting for a bucket's row lock at the lock timeout.
 # TYPE app_pgstore_lock_timeouts_total counter
 app_pgstore_lock_timeouts_total{store="pg"} 4
