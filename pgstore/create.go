@@ -145,10 +145,12 @@ const maxWaitMicros = int64(1<<63-1) / int64(time.Microsecond)
 // creates.
 func createdDecision(r sluice.Request, now, stamp, c int64, ok bool) sluice.Decision {
 	d := sluice.Decision{Allowed: true, Remaining: r.Limit.Capacity - r.Cost, Limit: r.Limit}
+	// e, the µs from now to the stamp (stamp >= now), wraps below 0 if it
+	// does not fit in 64 bits; it is then longer than any wait.
 	switch e := stamp - now; {
 	case r.Cost == 0:
 		// Full: the wait to full is 0 whatever the stamp.
-	case !ok || c > maxWaitMicros-e:
+	case !ok || e < 0 || e > maxWaitMicros || c > maxWaitMicros-e:
 		d.ResetAfter = sluice.Never
 	default:
 		d.ResetAfter = time.Duration(c+e) * time.Microsecond
