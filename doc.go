@@ -44,7 +44,7 @@
 //
 // Every Store is safe for concurrent use, and each decision on one bucket is
 // one atomic read-refill-decide-write step, also across processes for the
-// shared stores (one Lua script in Redis, one statement in PostgreSQL).
+// shared stores (one Lua script in Redis, one transaction in PostgreSQL).
 //
 // Take validates the request first (Request.Validate) and then, if the
 // store can decide the limit (CheckLimit), decides it. A denial is a

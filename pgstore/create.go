@@ -107,15 +107,13 @@ func (s *Store) noteInsertFirst(created bool) {
 
 // createReset returns the µs from a new bucket's stamp until it is full
 // again after a take of cost, as the take function computes it for a
-// bucket it creates: 0 for a cost of 0, ceil(cost * p' / n'), or ok false
-// (never: SQL NULL) when the limit does not refill. The plan must be small
-// (smallPlan), so that cost * p' fits in 62 bits.
+// bucket it creates: ceil(cost * p' / n'), or ok false (never: SQL NULL)
+// when the limit does not refill. The cost is in [1, capacity], as
+// sluice.Request.Validate keeps it, and the plan small (smallPlan), so
+// that cost * p' fits in 62 bits.
 func createReset(p bucket.Plan, cost int64) (c int64, ok bool) {
 	n, per := int64(p.RefillUnits()), int64(p.Scale())
-	switch {
-	case cost == 0:
-		return 0, true
-	case n == 0:
+	if n == 0 {
 		return 0, false
 	}
 	x := cost * per
@@ -147,12 +145,9 @@ func createdDecision(r sluice.Request, now, stamp, c int64, ok bool) sluice.Deci
 	d := sluice.Decision{Allowed: true, Remaining: r.Limit.Capacity - r.Cost, Limit: r.Limit}
 	// e, the µs from now to the stamp (stamp >= now), wraps below 0 if it
 	// does not fit in 64 bits; it is then longer than any wait.
-	switch e := stamp - now; {
-	case r.Cost == 0:
-		// Full: the wait to full is 0 whatever the stamp.
-	case !ok || e < 0 || e > maxWaitMicros || c > maxWaitMicros-e:
+	if e := stamp - now; !ok || e < 0 || e > maxWaitMicros || c > maxWaitMicros-e {
 		d.ResetAfter = sluice.Never
-	default:
+	} else {
 		d.ResetAfter = time.Duration(c+e) * time.Microsecond
 	}
 	return d

@@ -49,6 +49,12 @@ func TestInsertFirstFloor(t *testing.T) {
 			if st := s.Stats(); st.InsertFirst-before.InsertFirst != uint64(one(first)) || st.InsertFirstMisses != before.InsertFirstMisses {
 				t.Errorf("Stats() = %+v after %+v; want InsertFirst up by %d and no miss", st, before, one(first))
 			}
+			// Its full_at runs from +2s too: a sweep at +2.5s, when it
+			// holds 5 tokens, leaves it.
+			at(2500 * time.Millisecond)
+			if n, err := s.Sweep(ctx); err != nil || n.Buckets != 0 {
+				t.Fatalf("Sweep at +2.5s = %+v, %v; want nothing deleted (the bucket is full at +3s)", n, err)
+			}
 			// At +1.5s nothing has refilled since +2s.
 			at(1500 * time.Millisecond)
 			denied := sluice.Decision{Remaining: 0, RetryAfter: 1500 * time.Millisecond, ResetAfter: 1500 * time.Millisecond, Limit: l}

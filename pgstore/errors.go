@@ -81,6 +81,9 @@ func (s *Store) checkSchema(ctx context.Context, op string) error {
 	if err := s.checkSession(ctx, op); err != nil {
 		return err
 	}
+	// The insert-first statements write the bucket table's columns
+	// themselves, which only this version's schema is known to take.
+	s.current.Store(v == SchemaVersion)
 	s.ready.Store(true)
 	return nil
 }

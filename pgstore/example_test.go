@@ -25,7 +25,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	// The pool is the store's own: its sessions carry the timeouts, so
-	// that a decision is one statement with nothing before it.
+	// that no statement setting them precedes a decision.
 	if err := pgstore.SessionTimeouts(pc, o); err != nil {
 		log.Fatal(err)
 	}

@@ -668,6 +668,22 @@ func TestMigrateRefusesNewer(t *testing.T) {
 	if d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}); err != nil || !d.Allowed {
 		t.Fatalf("Take on a newer schema = %+v, %v; want allowed", d, err)
 	}
+	// A store that finds the newer schema on its first call leaves its
+	// takes of new keys to the function: the plain insert writes this
+	// version's columns, which a later version need not take.
+	s2, err := pgstore.New(ctx, testPool, pgstore.Options{Schema: testSchema, Table: table, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	for i := range 3 {
+		if d, err := s2.Take(ctx, sluice.Request{Policy: testPolicy, Key: fmt.Sprintf("new %d", i), Cost: 1, Limit: testLimit}); err != nil || !d.Allowed {
+			t.Fatalf("Take of a new key on a newer schema = %+v, %v; want allowed", d, err)
+		}
+	}
+	if st := s2.Stats(); st.InsertFirst != 0 {
+		t.Errorf("takes of new keys on a schema of version 99: Stats() = %+v; want no insert-first try", st)
+	}
 }
 
 // TestTakeIsHeapOnlyUpdate: a take of an existing bucket changes no

@@ -2,17 +2,19 @@
 // already run PostgreSQL and want quotas shared by many processes and kept
 // across restarts.
 //
-// Every decision is one statement at READ COMMITTED: a PL/pgSQL function
-// that locks the bucket's row, refills it, converts it to a changed limit,
-// decides, records the request ID of an allowed decision and keeps the
-// expiry column up to date, all in one transaction and one round trip.
-// There is no read in one round trip and write in another, and no retry
-// loop on serialization failures. While most takes create their bucket, a
-// take with no request ID first tries two plain statements in one
-// transaction and round trip instead, an insert of the new bucket and its
-// check against the sweep floor, which PostgreSQL runs faster than the
-// function; a take that finds its bucket there is decided by the function
-// (Stats.InsertFirst, docs/postgres.md). The arithmetic is bucket.Plan's at a tick
+// Every decision is one transaction at READ COMMITTED. Its work is done by
+// a PL/pgSQL function, called in one statement, that locks the bucket's
+// row, refills it, converts it to a changed limit, decides, records the
+// request ID of an allowed decision and keeps the expiry column up to date,
+// all in that transaction and one round trip. There is no read in one
+// transaction and write in another, and no retry loop on serialization
+// failures. While most takes create their bucket, a take with no request
+// ID first tries two plain statements in one transaction and round trip
+// instead, an insert of the new bucket and its check against the sweep
+// floor, which PostgreSQL runs faster than the function; a take that finds
+// its bucket there writes nothing and is decided by the function, in a
+// transaction and round trip of its own (Stats.InsertFirst,
+// docs/postgres.md). The arithmetic is bucket.Plan's at a tick
 // of one microsecond, in bigint and numeric (arbitrary precision), so
 // decisions equal the in-memory store's exactly for limits whose period is a
 // whole number of microseconds (CheckLimit).
@@ -182,8 +184,8 @@ type Store struct {
 	pause    float64 // the SweepPauseRatio; 0: none
 
 	// ready is set once the schema was found to be of SchemaVersion or
-	// later (checkSchema).
-	ready atomic.Bool
+	// later (checkSchema), current if it was of SchemaVersion itself.
+	ready, current atomic.Bool
 
 	sweptBuckets, sweptIDs, sweepErrors     atomic.Uint64
 	lastSweepErr                            atomic.Pointer[error]
@@ -504,7 +506,9 @@ func plan(l sluice.Limit) (bucket.Plan, error) {
 
 // Take implements sluice.Store. It validates r (errors wrap the sluice
 // sentinels; a limit that CheckLimit refuses is sluice.ErrInvalidLimit),
-// then makes the decision in one statement. A request ID remembered with
+// then makes the decision in one transaction: one statement, the take
+// function, or, for a new key, two plain statements that create the bucket
+// (docs/postgres.md, "Takes of new keys"). A request ID remembered with
 // another cost or limit is sluice.ErrRequestIDConflict. A database that
 // cannot decide is an error wrapping sluice.ErrUnavailable, and a schema
 // that is missing or older than SchemaVersion one wrapping
@@ -527,7 +531,7 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	var id []byte
 	if r.RequestID != "" {
 		id = []byte(r.RequestID)
-	} else if smallPlan(r.Limit, p) && s.insertFirst() {
+	} else if s.current.Load() && smallPlan(r.Limit, p) && s.insertFirst() {
 		d, created, err := s.takeNew(ctx, r, p, key)
 		if err != nil || created {
 			return d, err

@@ -171,6 +171,9 @@ func planDifferential(t *testing.T, start time.Time, limits *rapid.Generator[[]s
 	rapid.Check(t, func(rt *rapid.T) {
 		policy := rapid.SampledFrom([]sluice.Conversion{sluice.KeepTokens, sluice.ScaleTokens, sluice.ResetTokens}).Draw(rt, "policy")
 		s, table := stores[policy], tables[policy]
+		// The bucket is created by the take function, or by the plain
+		// insert of a take that tries it first (create.go).
+		pgstore.SetInsertFirst(s, rapid.Bool().Draw(rt, "insert first"))
 		n++
 		key := "k" + strconv.Itoa(n) // a fresh bucket per check
 		limits := limits.Draw(rt, "limits")

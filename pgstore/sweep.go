@@ -36,7 +36,9 @@ type Stats struct {
 	// A decision that failed adds nothing, including one that gave up at
 	// LockTimeout. A take or multi-take whose bucket a sweep (or Reset) is
 	// deleting waits for that to commit and creates the bucket anew without
-	// counting the wait; a refund counts it (docs/postgres.md).
+	// counting the wait; a refund counts it. A take that tries the insert
+	// of a new bucket first does not count a wait for another session
+	// inserting the same key (docs/postgres.md).
 	LockWaitSeconds float64
 	// LockWaits is the number of decisions that waited at all for a
 	// bucket row lock (a wait of at least 1µs) and then decided. A
@@ -60,9 +62,10 @@ type Stats struct {
 	Conversions uint64
 	// InsertFirst is the number of takes that tried to create their bucket
 	// with a plain insert before deciding, and InsertFirstMisses those of
-	// them that found the bucket there and were decided by the take
-	// function in a second round trip (docs/postgres.md, "Takes of new
-	// keys"). The store tries the insert first while most such tries
+	// them that inserted nothing, having found the bucket there (or run
+	// outside READ COMMITTED, which the take function then refuses), and
+	// were decided by the take function in a second round trip
+	// (docs/postgres.md, "Takes of new keys"). The store tries the insert first while most such tries
 	// create their bucket.
 	InsertFirst, InsertFirstMisses uint64
 }
