@@ -23,6 +23,8 @@ import (
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/pgstore"
 	"github.com/sluicehq/sluice/promstore"
+	"github.com/sluicehq/sluice/promstore/pgprom"
+	"github.com/sluicehq/sluice/promstore/redisprom"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -56,6 +58,9 @@ func build(ctx context.Context, cfg config.Config, reg prometheus.Registerer, lo
 		return nil, err
 	}
 	rt.raw, rt.ping = raw, ping
+	if err := registerStoreStats(reg, raw); err != nil {
+		return nil, err
+	}
 	// The guard's own metrics: store latency and errors by kind, degraded
 	// decisions by reason, the breaker's state and changes.
 	hooks, err := promstore.GuardHooks(reg, promstore.Options{})
@@ -103,6 +108,26 @@ func build(ctx context.Context, cfg config.Config, reg prometheus.Registerer, lo
 	}
 	ok = true
 	return rt, nil
+}
+
+// registerStoreStats exports the store's own counters and gauges, read at
+// scrape time: the in-memory store's buckets, evictions and refusals, the
+// Redis store's script loads and conversions, the PostgreSQL store's
+// sweeps, lock waits and inserts of new buckets (docs/failure.md).
+func registerStoreStats(reg prometheus.Registerer, st sluice.Store) error {
+	var err error
+	switch s := st.(type) {
+	case *memstore.Store:
+		err = promstore.RegisterMemstore(reg, promstore.Options{}, s.Stats)
+	case *redisstore.Store:
+		err = redisprom.Register(reg, promstore.Options{}, s.Stats)
+	case *pgstore.Store:
+		err = pgprom.Register(reg, promstore.Options{}, s.Stats)
+	}
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	return nil
 }
 
 func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {

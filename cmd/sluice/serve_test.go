@@ -123,8 +123,8 @@ func TestServeDefault(t *testing.T) {
 		t.Fatalf("unknown policy = %d %v, want 404", status, body)
 	}
 	if status, text := get(t, s.admin+"/metrics"); status != 200 || !strings.Contains(text, `sluice_decisions_total{op="take",policy="default",result="denied"} 1`) ||
-		!strings.Contains(text, "sluice_config_info{version=") {
-		t.Fatalf("GET /metrics = %d, want decisions by policy and the config version:\n%s", status, text)
+		!strings.Contains(text, "sluice_config_info{version=") || !strings.Contains(text, "\nsluice_memstore_buckets 1\n") {
+		t.Fatalf("GET /metrics = %d, want decisions by policy, the config version and the store's own gauges:\n%s", status, text)
 	}
 	if status, _ := get(t, s.api+"/readyz"); status != 200 {
 		t.Fatalf("GET /readyz = %d, want 200", status)

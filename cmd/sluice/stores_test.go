@@ -144,9 +144,11 @@ func serveOn(t *testing.T, n int, store, policies string) []*server {
 var sharedStores = []struct {
 	name    string
 	section func(t *testing.T) string
+	// metric is one of the store's own counters, which /metrics exports.
+	metric string
 }{
-	{"redis", redisSection},
-	{"postgres", func(t *testing.T) string { return postgresSection(t, true) }},
+	{"redis", redisSection, "sluice_redisstore_script_loads_total"},
+	{"postgres", func(t *testing.T) string { return postgresSection(t, true) }, "sluice_pgstore_insert_first_total"},
 }
 
 // TestServeSharedStore: the API's decisions, replays and peeks on each
@@ -177,6 +179,9 @@ func TestServeSharedStore(t *testing.T) {
 					t.Fatalf("step %d: POST %s %s = %d %v, want allowed=%v remaining=%v replayed=%v, not degraded",
 						i, step.path, step.body, code, body, step.allowed, step.remaining, step.replayed)
 				}
+			}
+			if code, text := get(t, s.admin+"/metrics"); code != 200 || !strings.Contains(text, "\n"+st.metric+" ") {
+				t.Errorf("GET /metrics = %d, want the store's counter %s:\n%s", code, st.metric, text)
 			}
 		})
 	}
