@@ -3,10 +3,12 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
 )
@@ -190,6 +192,15 @@ func (s *Store) takeNew(ctx context.Context, r sluice.Request, p bucket.Plan, ke
 		return err
 	})
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code != "42501" && (strings.HasPrefix(pe.Code, "23") || strings.HasPrefix(pe.Code, "42")) {
+			// The table refused a row of this version's columns, or the
+			// statements do not fit it: a later version's Migrate may
+			// have changed it since the store read its version. Read it
+			// again on the next call, which leaves takes to the function
+			// if it is no longer this version's.
+			s.ready.Store(false)
+		}
 		return sluice.Decision{}, false, s.decisionError("take", err)
 	}
 	s.noteInsertFirst(created)

@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -153,5 +154,49 @@ func TestInsertFirstAdaptive(t *testing.T) {
 	}
 	if got := st3.InsertFirst - st2.InsertFirst; got != 32 {
 		t.Errorf("32 more takes of new keys tried the insert first %d times; want all 32", got)
+	}
+}
+
+// TestInsertFirstSchemaChanged: a store that found its own schema version
+// on its first call, and whose plain insert a later migration made fail
+// (here, a trigger that refuses inserts outside the take function, as a
+// later version's new column or constraint could), reports that take's
+// error, reads the schema's version again on its next call, and decides
+// from then on with the function alone once the version is not its own.
+func TestInsertFirstSchemaChanged(t *testing.T) {
+	ctx := context.Background()
+	s, table := newStoreTable(t, pgstore.Options{})
+	take := func(key string) (sluice.Decision, error) {
+		return s.Take(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: testLimit})
+	}
+	if d, err := take("before"); err != nil || !d.Allowed {
+		t.Fatalf("Take = %+v, %v", d, err)
+	}
+	if st := s.Stats(); st.InsertFirst != 1 {
+		t.Fatalf("Stats() = %+v; want the first take to try the insert first", st)
+	}
+	fn := qualified(table + "_plain_insert_refused")
+	if _, err := testPool.Exec(ctx, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF current_query() LIKE 'INSERT%' THEN
+		RAISE EXCEPTION 'a later schema''s bucket row' USING ERRCODE = 'not_null_violation';
+	END IF;
+	RETURN NEW;
+END
+$$;
+CREATE TRIGGER plain_insert_refused BEFORE INSERT ON `+qualified(table)+` FOR EACH ROW EXECUTE FUNCTION `+fn+`();
+COMMENT ON TABLE `+qualified(table)+` IS 'sluice pgstore token buckets, schema version 99'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := take("during"); !errors.Is(err, sluice.ErrUnavailable) {
+		t.Fatalf("Take of a new key whose plain insert fails = %v; want the error (wrapping %v)", err, sluice.ErrUnavailable)
+	}
+	for i := range 3 {
+		if d, err := take(fmt.Sprintf("after %d", i)); err != nil || !d.Allowed {
+			t.Fatalf("Take %d after the failed insert = %+v, %v; want the function to decide it", i, d, err)
+		}
+	}
+	if st := s.Stats(); st.InsertFirst != 1 {
+		t.Errorf("Stats() = %+v; want no insert-first try after the schema's version changed", st)
 	}
 }
