@@ -26,19 +26,27 @@ import (
 //  1. createSQL inserts the bucket as the function would create it (full
 //     at now, less the cost, which a request's validation keeps at most the
 //     capacity), returning its stamp (now); ON CONFLICT DO NOTHING leaves an
-//     existing bucket alone and returns no row.
-//  2. floorSQL raises the new bucket's stamp to the sweep floor when the
-//     floor is later, as the function does after its insert. It is a
-//     statement of its own so that, at READ COMMITTED, its snapshot is
-//     taken after the insert: a sweep that deleted the bucket while the
-//     insert waited for it has committed by then, and its floor is seen.
-//     It updates only a row this transaction inserted (xmin), so that it
-//     never touches a bucket that statement 1 found existing.
+//     existing bucket alone and returns no row, and so does a NOT EXISTS
+//     guard, which sees a bucket that exists without waiting for a lock on
+//     it. It also sets the stamp as a setting of the transaction
+//     (stampSetting) for statement 2, at the latest before it inserts (a
+//     bucket that the guard finds there may leave it unset: then there is
+//     nothing to check).
+//  2. floorSQL checks the stamp against the sweep floor: if a sweep has
+//     raised the floor above it, it fails (floorMarker), which rolls the
+//     transaction back, and the take goes to the function, which creates
+//     the bucket at the floor. It is a statement of its own so that, at
+//     READ COMMITTED, its snapshot is taken after the insert: a sweep that
+//     deleted the bucket while the insert waited for it has committed by
+//     then, and its floor is seen. It reads one row of one table, which
+//     costs less than a statement that would move the stamp to the floor
+//     in place (an UPDATE of the bucket).
 //
 // The decision of a created bucket needs no read: it is allowed, with
-// capacity - cost left, and full again reset µs after the stamp, which Go
-// computes as the function does. When statement 1 finds the bucket, the
-// take is decided by the function in a second round trip, so that path is
+// capacity - cost left, and full again reset µs after now, which Go
+// computes as the function does. When statement 1 finds the bucket, or
+// statement 2 the floor above the stamp, the take is decided by the
+// function in a second round trip, so that path is
 // slower than the function alone: the store tries the insert first only
 // while most of its recent tries created their bucket (insertFirst), and
 // takes with a request ID (which must find a remembered decision even when
@@ -47,6 +55,20 @@ import (
 //
 // Statement 1 inserts nothing outside READ COMMITTED, so that the function,
 // called next, refuses the isolation level as it always does.
+
+// stampSetting is the transaction's setting by which statement 1 hands its
+// stamp to statement 2.
+const stampSetting = "sluice_pgstore.stamp"
+
+// floorMarker starts the text that statement 2 fails to read as a number
+// (SQLSTATE 22P02) when the sweep floor is above the new bucket's stamp.
+const floorMarker = "sluice pgstore: a new bucket stamped before the sweep floor"
+
+// isFloorCheck reports whether err is statement 2's failure.
+func isFloorCheck(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "22P02" && strings.Contains(pe.Message, floorMarker)
+}
 
 // The insert-first score: a created bucket adds 1, a bucket found existing
 // subtracts insertFirstMissCost, within [insertFirstMin, insertFirstMax].
@@ -140,17 +162,14 @@ const maxSmall = 1<<62 - 1
 const maxWaitMicros = int64(1<<63-1) / int64(time.Microsecond)
 
 // createdDecision returns the decision of a take of r that created its
-// bucket at now, stamped stamp (now, or the sweep floor if that was later),
-// with c, ok from createReset: the function's decision for a bucket it
-// creates.
-func createdDecision(r sluice.Request, now, stamp, c int64, ok bool) sluice.Decision {
+// bucket, with c, ok from createReset: the function's decision for a bucket
+// it creates at now.
+func createdDecision(r sluice.Request, c int64, ok bool) sluice.Decision {
 	d := sluice.Decision{Allowed: true, Remaining: r.Limit.Capacity - r.Cost, Limit: r.Limit}
-	// e, the µs from now to the stamp (stamp >= now), wraps below 0 if it
-	// does not fit in 64 bits; it is then longer than any wait.
-	if e := stamp - now; !ok || e < 0 || e > maxWaitMicros || c > maxWaitMicros-e {
+	if !ok || c > maxWaitMicros {
 		d.ResetAfter = sluice.Never
 	} else {
-		d.ResetAfter = time.Duration(c+e) * time.Microsecond
+		d.ResetAfter = time.Duration(c) * time.Microsecond
 	}
 	return d
 }
@@ -165,33 +184,28 @@ func (s *Store) takeNew(ctx context.Context, r sluice.Request, p bucket.Plan, ke
 	if ok {
 		reset = c
 	}
-	var (
-		created     bool
-		now, raised int64
-		floored     bool
-	)
+	var created bool
 	b := &pgx.Batch{}
 	if s.prelude != "" {
 		b.Queue(s.prelude, s.timeouts...)
 	}
 	b.Queue(s.createSQL, r.Policy, key, r.Cost, r.Limit.Capacity, r.Limit.Rate.Tokens, int64(r.Limit.Rate.Period/time.Microsecond), reset, s.nowMicros()).
 		QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&now)
+			var stamp int64
+			err := row.Scan(&stamp)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
 			created = err == nil
 			return err
 		})
-	b.Queue(s.floorSQL, r.Policy, key, reset).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(&raised)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		floored = err == nil
-		return err
-	})
-	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+	b.Queue(s.floorSQL)
+	err := s.pool.SendBatch(ctx, b).Close()
+	switch {
+	case isFloorCheck(err):
+		// Rolled back: the function creates the bucket at the floor.
+		created, err = false, nil
+	case err != nil:
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code != "42501" && (strings.HasPrefix(pe.Code, "23") || strings.HasPrefix(pe.Code, "42")) {
 			// The table refused a row of this version's columns, or the
@@ -207,11 +221,7 @@ func (s *Store) takeNew(ctx context.Context, r sluice.Request, p bucket.Plan, ke
 	if !created {
 		return sluice.Decision{}, false, nil
 	}
-	stamp := now
-	if floored {
-		stamp = raised
-	}
-	return createdDecision(r, now, stamp, c, ok), true, nil
+	return createdDecision(r, c, ok), true, nil
 }
 
 // insertFirstScore is the adaptive state of the insert-first path.

@@ -311,15 +311,13 @@ func newQueries(n names) queries {
 		createSQL: "INSERT INTO " + n.Buckets + " AS b (policy, key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at) " +
 			"SELECT $1::text, $2::bytea, $4::bigint - $3::bigint, 0, n.now, $4, $5, $6, " +
 			"CASE WHEN $7::bigint IS NULL OR n.now >= 9223372036854775807 - $7::bigint THEN NULL ELSE n.now + $7::bigint END " +
-			"FROM (SELECT coalesce($8::bigint, " + n.Clock + "()) AS now) AS n " +
-			"WHERE current_setting('transaction_isolation') = 'read committed' " +
+			"FROM (SELECT m.now, set_config('" + stampSetting + "', m.now::text, true) AS stamp " +
+			"FROM (SELECT coalesce($8::bigint, " + n.Clock + "()) AS now) AS m) AS n " +
+			"WHERE n.stamp IS NOT NULL AND current_setting('transaction_isolation') = 'read committed' " +
 			"AND NOT EXISTS (SELECT FROM " + n.Buckets + " AS e WHERE e.policy = $1::text AND e.key = $2::bytea) " +
 			"ON CONFLICT (policy, key) DO NOTHING RETURNING b.stamp",
-		floorSQL: "UPDATE " + n.Buckets + " AS b SET stamp = f.floor_us, " +
-			"full_at = CASE WHEN $3::bigint IS NULL OR f.floor_us >= 9223372036854775807 - $3::bigint THEN NULL ELSE f.floor_us + $3::bigint END " +
-			"FROM " + n.Floor + " AS f " +
-			"WHERE b.policy = $1::text AND b.key = $2::bytea AND b.xmin = xid(pg_current_xact_id_if_assigned()) AND f.floor_us > b.stamp " +
-			"RETURNING b.stamp",
+		floorSQL: "SELECT int8(concat('" + floorMarker + " ', f.floor_us)) FROM " + n.Floor + " AS f " +
+			"WHERE f.floor_us > nullif(current_setting('" + stampSetting + "', true), '')::bigint",
 	}
 }
 

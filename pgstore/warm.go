@@ -132,14 +132,15 @@ func warmBatch(q queries, conv int32, pid uint32) (*pgx.Batch, error) {
 	}
 	take(nil)
 	take([]byte("warm-up"))
-	// A take of a new key that tries the insert first (create.go).
-	key3 := fmt.Appendf(nil, "backend %d (3)", pid)
-	reset := int64(time.Hour / time.Microsecond)
-	b.Queue(q.createSQL, warmPolicy, key3, int64(1), l.Capacity, l.Rate.Tokens, period, reset, nil)
-	b.Queue(q.floorSQL, warmPolicy, key3, reset)
 	b.Queue(q.peekSQL, warmPolicy, key, int64(1), l.Capacity, l.Rate.Tokens, period, units, scale, conv, nil)
 	b.Queue(q.takeAllSQL, []string{warmPolicy, warmPolicy}, [][]byte{key, key2}, []int64{1, 1},
 		[]int64{l.Capacity, l.Capacity}, []int64{l.Rate.Tokens, l.Rate.Tokens}, []int64{period, period}, []int64{units, units}, []int64{scale, scale},
 		conv, false, nil)
+	// A take of a new key that tries the insert first (create.go), last:
+	// its floor check fails the transaction if the floor is ahead of the
+	// database clock (only explicit clocks put it there).
+	key3 := fmt.Appendf(nil, "backend %d (3)", pid)
+	b.Queue(q.createSQL, warmPolicy, key3, int64(1), l.Capacity, l.Rate.Tokens, period, int64(time.Hour/time.Microsecond), nil)
+	b.Queue(q.floorSQL)
 	return b, nil
 }
