@@ -62,9 +62,10 @@ type Stats struct {
 	Conversions uint64
 	// InsertFirst is the number of takes that tried to create their bucket
 	// with a plain insert before deciding, and InsertFirstMisses those of
-	// them that inserted nothing, having found the bucket there (or run
-	// outside READ COMMITTED, which the take function then refuses), and
-	// were decided by the take function in a second round trip
+	// them that created nothing, having found the bucket there, or the
+	// sweep floor above their time (or having run outside READ COMMITTED,
+	// which the take function then refuses), and were decided by the take
+	// function in a second round trip
 	// (docs/postgres.md, "Takes of new keys"). The store tries the insert first while most such tries
 	// create their bucket.
 	InsertFirst, InsertFirstMisses uint64

@@ -49,9 +49,9 @@ import (
 //   - <ns>_pgstore_insert_first_total: counter of the takes that tried
 //     to create their bucket with a plain insert before deciding
 //     (pgstore.Stats.InsertFirst), and
-//     <ns>_pgstore_insert_first_misses_total those of them that found the
-//     bucket there and were decided by the take function in a second
-//     round trip. The store tries the insert first while most tries
+//     <ns>_pgstore_insert_first_misses_total those of them that created
+//     nothing (the bucket was there, or the sweep floor above their time)
+//     and were decided by the take function in a second round trip. The store tries the insert first while most tries
 //     create their bucket.
 //
 // <ns> is o.Namespace (default promstore.DefaultNamespace, "sluice"), and
@@ -96,7 +96,7 @@ func Register(reg prometheus.Registerer, o promstore.Options, stats func() pgsto
 		insertFirst: desc("insert_first_total",
 			"Takes of the PostgreSQL store that tried to create their bucket with a plain insert before deciding."),
 		insertFirstMisses: desc("insert_first_misses_total",
-			"Takes of the PostgreSQL store that tried to create their bucket with a plain insert, found it there, and were decided by the take function in a second round trip."),
+			"Takes of the PostgreSQL store that tried to create their bucket with a plain insert, created nothing (the bucket was there, or the sweep floor above their time), and were decided by the take function in a second round trip."),
 	})
 }
 

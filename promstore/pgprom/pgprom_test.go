@@ -128,7 +128,7 @@ func TestStats(t *testing.T) {
 # HELP app_pgstore_conversions_total Takes of the PostgreSQL store that converted a bucket stored under another limit of the same policy; a steady rate means processes disagree on a limit.
 # TYPE app_pgstore_conversions_total counter
 app_pgstore_conversions_total{store="pg"} 5
-# HELP app_pgstore_insert_first_misses_total Takes of the PostgreSQL store that tried to create their bucket with a plain insert, found it there, and were decided by the take function in a second round trip.
+# HELP app_pgstore_insert_first_misses_total Takes of the PostgreSQL store that tried to create their bucket with a plain insert, created nothing (the bucket was there, or the sweep floor above their time), and were decided by the take function in a second round trip.
 # TYPE app_pgstore_insert_first_misses_total counter
 app_pgstore_insert_first_misses_total{store="pg"} 6
 # HELP app_pgstore_insert_first_total Takes of the PostgreSQL store that tried to create their bucket with a plain insert before deciding.
