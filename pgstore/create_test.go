@@ -73,11 +73,11 @@ func TestInsertFirstFloor(t *testing.T) {
 }
 
 // TestInsertFirstBehindFloorExisting: a take whose plain insert finds its
-// bucket there, at a time behind the sweep floor, fails its floor check
-// too; that is still a miss, decided by the function on the bucket as it
-// is (stamped before the floor, not full at the sweep, so not deleted),
-// not an error, and nothing moves the bucket's stamp to the floor, which
-// would throw away what refilled before it.
+// bucket there, at a time behind the sweep floor, is a miss (its guard
+// leaves the floor check nothing to check), decided by the function on the
+// bucket as it is (stamped before the floor, not full at the sweep, so not
+// deleted), and nothing moves the bucket's stamp to the floor, which would
+// throw away what refilled before it.
 func TestInsertFirstBehindFloorExisting(t *testing.T) {
 	clock := sluicetest.NewClock(epoch)
 	s := newStore(t, pgstore.Options{Now: clock.Now})
@@ -201,5 +201,60 @@ COMMENT ON TABLE `+qualified(table)+` IS 'sluice pgstore token buckets, schema v
 	}
 	if st := s.Stats(); st.InsertFirst != 1 {
 		t.Errorf("Stats() = %+v; want no insert-first try after the schema's version changed", st)
+	}
+}
+
+// TestInsertFirstConflictBehindFloor: a take whose insert passes its guard
+// (the bucket is not there yet in its snapshot), waits for another session
+// inserting the same key, and then finds it there, at a time behind the
+// sweep floor, fails its floor check after the conflict: that is a miss,
+// decided by the function on the bucket the other session made, not an
+// error.
+func TestInsertFirstConflictBehindFloor(t *testing.T) {
+	clock := sluicetest.NewClock(epoch)
+	s, table := newStoreTable(t, pgstore.Options{Now: clock.Now, StatementTimeout: time.Minute, LockTimeout: time.Minute})
+	pgstore.SetInsertFirst(s, true)
+	ctx := context.Background()
+	l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(1)}
+	// A sweep at +5s raises the floor.
+	clock.Set(epoch.Add(5 * time.Second))
+	if _, err := s.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Another session inserts the bucket of "k", empty at +5s, and holds it.
+	tx, err := testPool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	at5 := epoch.Add(5 * time.Second).UnixMicro()
+	if _, err := tx.Exec(ctx, "INSERT INTO "+qualified(table)+" (policy, key, tokens, frac, stamp, capacity, rate_tokens, period_us, full_at) VALUES ($1, $2, 0, 0, $3, 10, 1, 1000000, $4)",
+		testPolicy, []byte("k"), at5, at5+10e6); err != nil {
+		t.Fatal(err)
+	}
+	// A take at +1s, behind the floor, waits in its insert.
+	clock.Set(epoch.Add(time.Second))
+	type result struct {
+		d   sluice.Decision
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: l})
+		done <- result{d, err}
+	}()
+	waitForLockWait(t, table)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	// The function decides on the empty bucket stamped +5s: nothing has
+	// refilled by then, and a token refills one second after it.
+	want := sluice.Decision{Remaining: 0, RetryAfter: 5 * time.Second, ResetAfter: 14 * time.Second, Limit: l}
+	if res.err != nil || res.d != want {
+		t.Fatalf("Take at +1s after waiting for another session's insert, behind the floor = %+v, %v; want %+v", res.d, res.err, want)
+	}
+	if st := s.Stats(); st.InsertFirst != 1 || st.InsertFirstMisses != 1 {
+		t.Errorf("Stats() = %+v; want InsertFirst 1, InsertFirstMisses 1", st)
 	}
 }

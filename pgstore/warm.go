@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -136,11 +137,12 @@ func warmBatch(q queries, conv int32, pid uint32) (*pgx.Batch, error) {
 	b.Queue(q.takeAllSQL, []string{warmPolicy, warmPolicy}, [][]byte{key, key2}, []int64{1, 1},
 		[]int64{l.Capacity, l.Capacity}, []int64{l.Rate.Tokens, l.Rate.Tokens}, []int64{period, period}, []int64{units, units}, []int64{scale, scale},
 		conv, false, nil)
-	// A take of a new key that tries the insert first (create.go), last:
-	// its floor check fails the transaction if the floor is ahead of the
-	// database clock (only explicit clocks put it there).
+	// A take of a new key that tries the insert first (create.go), at the
+	// last µs there is, so that its floor check, which fails when the
+	// sweep floor is above the stamp, cannot fail: a failed batch would
+	// make pgx forget the statements it prepared.
 	key3 := fmt.Appendf(nil, "backend %d (3)", pid)
-	b.Queue(q.createSQL, warmPolicy, key3, int64(1), l.Capacity, l.Rate.Tokens, period, int64(time.Hour/time.Microsecond), nil)
+	b.Queue(q.createSQL, warmPolicy, key3, int64(1), l.Capacity, l.Rate.Tokens, period, int64(time.Hour/time.Microsecond), int64(math.MaxInt64))
 	b.Queue(q.floorSQL)
 	return b, nil
 }
