@@ -23,15 +23,9 @@ import (
 func TestInsertFirstFloor(t *testing.T) {
 	for _, first := range []bool{false, true} {
 		t.Run(fmt.Sprintf("insert first %v", first), func(t *testing.T) {
-			clock := sluicetest.NewClock(epoch)
-			s := newStore(t, pgstore.Options{Now: clock.Now})
-			pgstore.SetInsertFirst(s, first)
-			ctx := context.Background()
 			l := sluice.Limit{Capacity: 10, Rate: sluice.PerSecond(10)} // full 1s after it is emptied
-			at := func(d time.Duration) { clock.Set(epoch.Add(d)) }
-			take := func(cost int64) (sluice.Decision, error) {
-				return s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: cost, Limit: l})
-			}
+			s, at, take := clockedKey(t, first, l)
+			ctx := context.Background()
 			if d, err := take(10); err != nil || !d.Allowed {
 				t.Fatalf("Take(10) = %+v, %v", d, err)
 			}
@@ -79,15 +73,9 @@ func TestInsertFirstFloor(t *testing.T) {
 // deleted), and nothing moves the bucket's stamp to the floor, which would
 // throw away what refilled before it.
 func TestInsertFirstBehindFloorExisting(t *testing.T) {
-	clock := sluicetest.NewClock(epoch)
-	s := newStore(t, pgstore.Options{Now: clock.Now})
-	pgstore.SetInsertFirst(s, true)
-	ctx := context.Background()
 	l := sluice.Limit{Capacity: 100, Rate: sluice.PerSecond(1)}
-	at := func(d time.Duration) { clock.Set(epoch.Add(d)) }
-	take := func(cost int64) (sluice.Decision, error) {
-		return s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "k", Cost: cost, Limit: l})
-	}
+	s, at, take := clockedKey(t, true, l)
+	ctx := context.Background()
 	if d, err := take(100); err != nil || !d.Allowed {
 		t.Fatalf("Take(100) = %+v, %v", d, err)
 	}
@@ -257,4 +245,20 @@ func TestInsertFirstConflictBehindFloor(t *testing.T) {
 	if st := s.Stats(); st.InsertFirst != 1 || st.InsertFirstMisses != 1 {
 		t.Errorf("Stats() = %+v; want InsertFirst 1, InsertFirstMisses 1", st)
 	}
+}
+
+// clockedKey returns a store on an explicit clock that starts at epoch,
+// whose every eligible take tries the insert first or none does
+// (insertFirst), with at, which sets the clock to epoch + d, and take,
+// which takes cost from the key "k" under l.
+func clockedKey(t *testing.T, insertFirst bool, l sluice.Limit) (*pgstore.Store, func(d time.Duration), func(cost int64) (sluice.Decision, error)) {
+	t.Helper()
+	clock := sluicetest.NewClock(epoch)
+	s := newStore(t, pgstore.Options{Now: clock.Now})
+	pgstore.SetInsertFirst(s, insertFirst)
+	at := func(d time.Duration) { clock.Set(epoch.Add(d)) }
+	take := func(cost int64) (sluice.Decision, error) {
+		return s.Take(context.Background(), sluice.Request{Policy: testPolicy, Key: "k", Cost: cost, Limit: l})
+	}
+	return s, at, take
 }

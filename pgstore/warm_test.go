@@ -24,18 +24,7 @@ var warmLimit = sluice.Limit{Capacity: 5, Rate: sluice.Rate{Tokens: 1, Period: t
 // if session is set (pgstore.SessionTimeouts). It returns the take's error.
 func firstTake(t *testing.T, o pgstore.Options, session bool, hook func(context.Context, *pgx.Conn) error, key string) error {
 	t.Helper()
-	pc := testPool.Config().Copy()
-	pc.MaxConns, pc.MinConns = 1, 0
-	pc.AfterConnect = hook
-	if session {
-		if err := pgstore.SessionTimeouts(pc, o); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pool, err := pgxpool.NewWithConfig(t.Context(), pc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool := warmPool(t, o, session, hook)
 	defer pool.Close()
 	// The connection is opened, and warmed, before the store takes.
 	c, err := pool.Acquire(t.Context())
@@ -53,6 +42,27 @@ func firstTake(t *testing.T, o pgstore.Options, session bool, hook func(context.
 		t.Fatalf("first take of %q: %+v, want allowed with %d left", key, d, warmLimit.Capacity-1)
 	}
 	return err
+}
+
+// warmPool returns a pool of at most one connection to the test database,
+// opened when first acquired, with hook as its AfterConnect, whose sessions
+// carry o's timeouts if session is set (pgstore.SessionTimeouts). The
+// caller closes it.
+func warmPool(t *testing.T, o pgstore.Options, session bool, hook func(context.Context, *pgx.Conn) error) *pgxpool.Pool {
+	t.Helper()
+	pc := testPool.Config().Copy()
+	pc.MaxConns, pc.MinConns = 1, 0
+	pc.AfterConnect = hook
+	if session {
+		if err := pgstore.SessionTimeouts(pc, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool
 }
 
 // A new connection's first decision runs cold: PostgreSQL compiles the
@@ -79,18 +89,7 @@ func TestAfterConnectWarms(t *testing.T) {
 	}
 	for _, session := range []bool{false, true} {
 		t.Run(fmt.Sprintf("timeouts in the session %v", session), func(t *testing.T) {
-			pc := testPool.Config().Copy()
-			pc.MaxConns, pc.MinConns = 1, 0
-			pc.AfterConnect = hook
-			if session {
-				if err := pgstore.SessionTimeouts(pc, o); err != nil {
-					t.Fatal(err)
-				}
-			}
-			pool, err := pgxpool.NewWithConfig(t.Context(), pc)
-			if err != nil {
-				t.Fatal(err)
-			}
+			pool := warmPool(t, o, session, hook)
 			defer pool.Close()
 			warmed := prepared(t, pool)
 			for _, want := range []string{
