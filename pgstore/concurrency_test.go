@@ -17,10 +17,13 @@ import (
 // connections) with 100 takes each, on the database clock, under a limit
 // of capacity 1,000 refilling 1 token an hour: during the test less than
 // one token refills, so exactly 1,000 takes are allowed, each seeing a
-// different Remaining.
+// different Remaining. It runs with takes in shared transactions (the
+// default) and without (Options.Batch 1).
 func TestConcurrentOneKeyDatabaseClock(t *testing.T) {
 	for _, first := range []bool{false, true} {
-		t.Run(fmt.Sprintf("insert first %v", first), func(t *testing.T) { testConcurrentOneKey(t, first) })
+		for _, batch := range []int{0, 1} {
+			t.Run(fmt.Sprintf("insert first %v batch %d", first, batch), func(t *testing.T) { testConcurrentOneKey(t, first, batch) })
+		}
 	}
 }
 
@@ -28,9 +31,10 @@ func TestConcurrentOneKeyDatabaseClock(t *testing.T) {
 // take trying the insert of a new bucket first, or none
 // (docs/postgres.md, "Takes of new keys"): the workers' first takes all
 // find the key missing and race to create it.
-func testConcurrentOneKey(t *testing.T, insertFirst bool) {
+func testConcurrentOneKey(t *testing.T, insertFirst bool, batch int) {
 	const workers, takes = 64, 100
 	s := newStore(t, pgstore.Options{
+		Batch: batch,
 		// Exactness, not latency, is under test: the hot key's queue may
 		// wait for many commits on a busy machine.
 		StatementTimeout: time.Minute,
@@ -71,7 +75,11 @@ func testConcurrentOneKey(t *testing.T, insertFirst bool) {
 	if len(errs) > 0 {
 		t.Fatalf("Take(%q, 1) failed %d times, first: %v", "hot", len(errs), errs[0])
 	}
-	t.Logf("%d×%d takes in %v (%.0f/s)", workers, takes, elapsed, workers*takes/elapsed.Seconds())
+	st := s.Stats()
+	t.Logf("%d×%d takes in %v (%.0f/s), %d in %d shared transactions", workers, takes, elapsed, workers*takes/elapsed.Seconds(), st.SharedTakes, st.SharedTransactions)
+	if shared := st.SharedTakes > 0; shared != (batch != 1) {
+		t.Fatalf("Stats() = %+v with Batch %d; want shared takes only with batching", st, batch)
+	}
 	if elapsed > 30*time.Minute {
 		t.Fatalf("the test took %v: more than one token may have refilled", elapsed)
 	}

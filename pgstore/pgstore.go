@@ -75,6 +75,8 @@ const (
 	DefaultSweepInterval    = 10 * time.Second
 	DefaultSweepBatch       = 1000
 	DefaultSweepPauseRatio  = 9.0
+	DefaultBatch            = 64
+	DefaultTransactions     = 2
 )
 
 // Bounds on Options.
@@ -84,6 +86,8 @@ const (
 	MaxTimeout = math.MaxInt32 * time.Millisecond
 	// MaxSweepBatch is the largest SweepBatch.
 	MaxSweepBatch = 1 << 30
+	// MaxBatch is the largest Batch.
+	MaxBatch = 1000
 )
 
 // maxSweepPause bounds one pause of a sweep between two batches.
@@ -162,6 +166,24 @@ type Options struct {
 	// swept, against a fifth to a third unpaced); negative: no pause, the
 	// fastest sweep. NaN and +Inf are refused.
 	SweepPauseRatio float64
+	// Batch is the most takes one transaction decides. While
+	// Transactions takes are in flight, later Takes queue, and the first
+	// transaction to come back sends up to Batch of them as one: one round
+	// trip, one take function call each, one commit, so that concurrent
+	// takes share the commit's WAL flush, and the takes of a hot key its
+	// row lock (docs/postgres.md, "Takes in shared transactions"). Every
+	// decision is still the one the takes would get one after another. A
+	// take that finds fewer than Transactions in flight is sent at once,
+	// alone; a queued take whose context ends is withdrawn unsent. Only
+	// Take is batched. Default DefaultBatch (64); 1: no batching, every
+	// take its own transaction; at most MaxBatch; negative is an error.
+	Batch int
+	// Transactions is the most takes in flight at once before later ones
+	// queue for a shared transaction (see Batch). Default
+	// DefaultTransactions (2); negative is an error; without batching
+	// (Batch 1) it has no effect. Give the pool at least this many
+	// connections besides those of other work.
+	Transactions int
 }
 
 // Store is a sluice.Store in PostgreSQL. It is safe for concurrent use, and
@@ -192,6 +214,7 @@ type Store struct {
 	lockWaits, lockWaitMicros, lockTimeouts atomic.Uint64
 	conversions                             atomic.Uint64
 	insertFirstScore
+	batcher *batcher // nil without batching
 
 	cancelSweeper context.CancelFunc
 	done          chan struct{}
@@ -247,6 +270,18 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 	case r < 0:
 		o.SweepPauseRatio = 0
 	}
+	switch {
+	case o.Batch < 0 || o.Batch > MaxBatch:
+		return nil, fmt.Errorf("%w: Batch %d is outside [1, %d] (0 for the default %d, 1 for no batching)", sluice.ErrInvalidOption, o.Batch, MaxBatch, DefaultBatch)
+	case o.Batch == 0:
+		o.Batch = DefaultBatch
+	}
+	switch {
+	case o.Transactions < 0:
+		return nil, fmt.Errorf("%w: Transactions %d is negative; use 1 or more, or 0 for the default %d", sluice.ErrInvalidOption, o.Transactions, DefaultTransactions)
+	case o.Transactions == 0:
+		o.Transactions = DefaultTransactions
+	}
 	n := newNames(o.Schema, o.Table)
 	s := &Store{
 		pool:      pool,
@@ -262,6 +297,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, o Options) (*Store, error) {
 		done:      make(chan struct{}),
 	}
 	s.insertScore.Store(insertFirstStart)
+	if o.Batch > 1 {
+		s.batcher = &batcher{s: s, max: o.Batch, flights: o.Transactions}
+	}
 	params := pool.Config().ConnConfig.RuntimeParams
 	s.prelude, s.timeouts, s.session = prelude(o.StatementTimeout, o.LockTimeout, params)
 	s.lift = lift(params)
@@ -525,46 +563,74 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	if err := s.checkSchema(ctx, "take"); err != nil {
 		return sluice.Decision{}, err
 	}
+	if s.batcher != nil {
+		return s.batcher.take(ctx, r, p)
+	}
+	return s.takeOne(ctx, r, p)
+}
+
+// takeOne decides r, valid under plan p, in a transaction of its own: the
+// insert-first pair for a new key where it applies (create.go), else the
+// take function.
+func (s *Store) takeOne(ctx context.Context, r sluice.Request, p bucket.Plan) (sluice.Decision, error) {
 	key := []byte(r.Key)
-	var id []byte
-	if r.RequestID != "" {
-		id = []byte(r.RequestID)
-	} else if s.current.Load() && smallPlan(r.Limit, p) && s.insertFirst() {
+	if r.RequestID == "" && s.current.Load() && smallPlan(r.Limit, p) && s.insertFirst() {
 		d, created, err := s.takeNew(ctx, r, p, key)
 		if err != nil || created {
 			return d, err
 		}
 	}
-	var (
-		status                                 int32
-		allowed, converted                     bool
-		remaining, retry, reset                int64
-		idCost, idCapacity, idTokens, idPeriod int64
-		lockWait                               int64 // µs
-	)
-	err = s.queryRow(ctx, s.takeSQL,
-		[]any{&status, &allowed, &remaining, &retry, &reset, &idCost, &idCapacity, &idTokens, &idPeriod, &lockWait, &converted},
-		r.Policy, key, r.Cost,
-		r.Limit.Capacity, r.Limit.Rate.Tokens, int64(r.Limit.Rate.Period/time.Microsecond), int64(p.RefillUnits()), int64(p.Scale()),
-		s.conv, id, s.idTTL, s.nowMicros())
-	if err != nil {
+	var out takeOut
+	if err := s.queryRow(ctx, s.takeSQL, out.dst(), s.takeArgs(r, p, key)...); err != nil {
 		return sluice.Decision{}, s.decisionError("take", err)
 	}
-	s.count(lockWait, one(converted))
-	if status == statusConflict {
-		first := sluice.Limit{Capacity: idCapacity, Rate: sluice.Rate{Tokens: idTokens, Period: time.Duration(idPeriod) * time.Microsecond}}
+	return s.takeDecision(r, &out)
+}
+
+// takeOut holds the columns of one row of the take function.
+type takeOut struct {
+	status                                 int32
+	allowed, converted                     bool
+	remaining, retry, reset                int64
+	idCost, idCapacity, idTokens, idPeriod int64
+	lockWait                               int64 // µs
+}
+
+// dst returns the scan targets of the take function's columns, in order.
+func (o *takeOut) dst() []any {
+	return []any{&o.status, &o.allowed, &o.remaining, &o.retry, &o.reset, &o.idCost, &o.idCapacity, &o.idTokens, &o.idPeriod, &o.lockWait, &o.converted}
+}
+
+// takeArgs returns the take function's arguments for r under plan p, with
+// key the bytes of r.Key.
+func (s *Store) takeArgs(r sluice.Request, p bucket.Plan, key []byte) []any {
+	var id []byte
+	if r.RequestID != "" {
+		id = []byte(r.RequestID)
+	}
+	return []any{r.Policy, key, r.Cost,
+		r.Limit.Capacity, r.Limit.Rate.Tokens, int64(r.Limit.Rate.Period / time.Microsecond), int64(p.RefillUnits()), int64(p.Scale()),
+		s.conv, id, s.idTTL, s.nowMicros()}
+}
+
+// takeDecision counts the take function's row o for r in Stats and
+// returns its decision, or the request-ID conflict it reports.
+func (s *Store) takeDecision(r sluice.Request, o *takeOut) (sluice.Decision, error) {
+	s.count(o.lockWait, one(o.converted))
+	if o.status == statusConflict {
+		first := sluice.Limit{Capacity: o.idCapacity, Rate: sluice.Rate{Tokens: o.idTokens, Period: time.Duration(o.idPeriod) * time.Microsecond}}
 		return sluice.Decision{}, fmt.Errorf("%w: request ID %q for this policy and key was first used with cost %d and limit %v, now cost %d and limit %v",
-			sluice.ErrRequestIDConflict, r.RequestID, idCost, first, r.Cost, r.Limit)
+			sluice.ErrRequestIDConflict, r.RequestID, o.idCost, first, r.Cost, r.Limit)
 	}
 	// A replay has the request's cost and limit: the conflict check above
 	// compared them with the remembered ones.
 	return sluice.Decision{
-		Allowed:    allowed,
-		Remaining:  remaining,
-		RetryAfter: wait(retry),
-		ResetAfter: wait(reset),
+		Allowed:    o.allowed,
+		Remaining:  o.remaining,
+		RetryAfter: wait(o.retry),
+		ResetAfter: wait(o.reset),
 		Limit:      r.Limit,
-		Replayed:   status == statusReplayed,
+		Replayed:   o.status == statusReplayed,
 	}, nil
 }
 

@@ -69,6 +69,11 @@ type Stats struct {
 	// (docs/postgres.md, "Takes of new keys"). The store tries the insert first while most such tries
 	// create their bucket.
 	InsertFirst, InsertFirstMisses uint64
+	// SharedTransactions is the number of transactions that decided
+	// several queued takes together (Options.Batch), and SharedTakes the
+	// takes they carried, a take sent again after another's error counted
+	// again.
+	SharedTransactions, SharedTakes uint64
 }
 
 // Stats returns the store's counters. It is safe to call concurrently.
@@ -84,6 +89,10 @@ func (s *Store) Stats() Stats {
 
 		InsertFirst:       s.insertFirstTries.Load(),
 		InsertFirstMisses: s.insertFirstMisses.Load(),
+	}
+	if b := s.batcher; b != nil {
+		st.SharedTransactions = b.batches.Load()
+		st.SharedTakes = b.batched.Load()
 	}
 	if p := s.lastSweepErr.Load(); p != nil {
 		st.LastSweepError = *p

@@ -27,7 +27,8 @@ var (
 	tableRounds   = flag.Int("rounds", 5, "TestTable: rounds")
 	tableSeconds  = flag.Float64("seconds", 5, "TestTable: seconds per limiter, cell and round")
 	tableSync     = flag.String("sync", "on", "TestTable: synchronous_commit")
-	tableLimiters = flag.String("limiters", "upsert,sluice", "TestTable: the limiters, in the order of each round")
+	tableLimiters = flag.String("limiters", "upsert,sluice,sluice-batch1", "TestTable: the limiters, in the order of each round")
+	tableTx       = flag.Int("transactions", 0, "TestTable: pgstore.Options.Transactions of sluice and sluice-session (0: the default)")
 )
 
 // A tableLimiter makes one decision for a key; setup returns it, and the
@@ -42,11 +43,14 @@ type tableLimiter struct {
 //   - upsert, the ceiling: one bare INSERT ... ON CONFLICT DO UPDATE ...
 //     RETURNING of a counter in a table of (key, counter), the least a
 //     durable per-key counter in PostgreSQL can cost per decision;
-//   - sluice, pgstore's Take as New makes it, with the timeouts of
-//     newStore (so each decision sets them in its transaction);
+//   - sluice, pgstore's Take as New makes it (concurrent takes share
+//     transactions), with the timeouts of newStore (so each transaction
+//     sets them);
 //   - sluice-session, the same store on a pool whose sessions start with
 //     those timeouts (pgstore.SessionTimeouts), so no statement precedes
 //     a decision;
+//   - sluice-batch1, the same store as sluice without shared transactions
+//     (Options.Batch 1), every take its own transaction;
 //   - sluice-notimeouts, the same store with no statement or lock timeout.
 var tableLimiterSet = map[string]tableLimiter{
 	"upsert": {"upsert", func(tb testing.TB) (func(ctx context.Context, key string) error, []string) {
@@ -62,10 +66,13 @@ var tableLimiterSet = map[string]tableLimiter{
 		}, []string{table}
 	}},
 	"sluice": {"sluice", func(tb testing.TB) (func(ctx context.Context, key string) error, []string) {
-		return tableSluice(newStore(tb, "table_sluice", *tableSync), "table_sluice")
+		return tableSluice(newStoreOpts(tb, "table_sluice", *tableSync, callers, false, pgstore.Options{Transactions: *tableTx}), "table_sluice")
 	}},
 	"sluice-session": {"sluice-session", func(tb testing.TB) (func(ctx context.Context, key string) error, []string) {
-		return tableSluice(newStoreWith(tb, "table_session", *tableSync, callers, true), "table_session")
+		return tableSluice(newStoreOpts(tb, "table_session", *tableSync, callers, true, pgstore.Options{Transactions: *tableTx}), "table_session")
+	}},
+	"sluice-batch1": {"sluice-batch1", func(tb testing.TB) (func(ctx context.Context, key string) error, []string) {
+		return tableSluice(newStoreOpts(tb, "table_batch1", *tableSync, callers, false, pgstore.Options{Batch: 1}), "table_batch1")
 	}},
 	"sluice-notimeouts": {"sluice-notimeouts", func(tb testing.TB) (func(ctx context.Context, key string) error, []string) {
 		pool := tablePool(tb)

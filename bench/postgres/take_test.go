@@ -98,6 +98,12 @@ func newStoreConns(tb testing.TB, table, sync string, conns int32) *pgstore.Stor
 // (pgstore.SessionTimeouts) if session is set.
 func newStoreWith(tb testing.TB, table, sync string, conns int32, session bool) *pgstore.Store {
 	tb.Helper()
+	return newStoreOpts(tb, table, sync, conns, session, pgstore.Options{})
+}
+
+// newStoreOpts is newStoreWith with o's Batch and Transactions.
+func newStoreOpts(tb testing.TB, table, sync string, conns int32, session bool, o pgstore.Options) *pgstore.Store {
+	tb.Helper()
 	if skipReason != "" {
 		tb.Skip(skipReason)
 	}
@@ -109,10 +115,11 @@ func newStoreWith(tb testing.TB, table, sync string, conns int32, session bool) 
 	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = sync
 	// Generous timeouts: a hot key's callers queue on its row lock, and the
 	// benchmark measures throughput, not fail-fast behaviour.
-	o := pgstore.Options{
+	o = pgstore.Options{
 		Schema: schema, Table: table,
 		StatementTimeout: 10 * time.Second, LockTimeout: 10 * time.Second,
 		SweepInterval: -1,
+		Batch:         o.Batch, Transactions: o.Transactions,
 	}
 	if session {
 		if err := pgstore.SessionTimeouts(cfg, o); err != nil {

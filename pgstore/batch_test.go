@@ -1,0 +1,270 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/pgstore"
+	"github.com/sluicehq/sluice/sluicetest"
+)
+
+// TestSharedTransactionsSerial floods five keys from 48 callers of two
+// stores that share one table (two processes), each store sending at most
+// one transaction at a time, so that most takes go in shared transactions
+// holding several keys, named in every order. The clock is frozen, so
+// nothing refills, and the decisions must be those of some serial order:
+// per key, the levels that the allowed takes found form the chain
+// capacity, capacity - c1, ... down to what Peek finds at the end, every
+// denial found one of those levels, and each decision is the model's at
+// the level it found. A cycle of row locks between two transactions would
+// fail takes with a deadlock (40P01), and a lost or doubled take would
+// break the chain.
+func TestSharedTransactionsSerial(t *testing.T) {
+	const (
+		callers, takes = 48, 40
+		capacity       = 300
+	)
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	o := pgstore.Options{
+		Now:              func() time.Time { return now },
+		Batch:            8,
+		Transactions:     1,
+		StatementTimeout: time.Minute,
+		LockTimeout:      time.Minute,
+	}
+	s1, table := newStoreTable(t, o)
+	o.Table = table
+	s2, err := pgstore.New(t.Context(), testPool, pgstore.Options{Schema: testSchema, Table: table, Now: o.Now, Batch: 8, Transactions: 1,
+		StatementTimeout: time.Minute, LockTimeout: time.Minute, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	stores := []*pgstore.Store{s1, s2}
+	l := sluice.Limit{Capacity: capacity, Rate: sluice.PerSecond(1)}
+	keys := []string{"a", "b", "c", "d", "e"}
+	type taken struct {
+		cost int64
+		d    sluice.Decision
+	}
+	var (
+		mu   sync.Mutex
+		got  = map[string][]taken{}
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for w := range callers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			s := stores[w%2]
+			for range takes {
+				key, cost := keys[rng.IntN(len(keys))], rng.Int64N(4)+1
+				d, err := s.Take(context.Background(), sluice.Request{Policy: testPolicy, Key: key, Cost: cost, Limit: l})
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					got[key] = append(got[key], taken{cost, d})
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d takes failed, the first: %v", len(errs), errs[0])
+	}
+	var shared uint64
+	for _, s := range stores {
+		shared += s.Stats().SharedTakes
+	}
+	if shared < callers*takes/4 {
+		t.Fatalf("%d of %d takes went in shared transactions; want most, or the test proves little", shared, callers*takes)
+	}
+	t.Logf("%d of %d takes in shared transactions", shared, callers*takes)
+
+	for _, key := range keys {
+		levels := map[int64]bool{}
+		var allowed []taken
+		for _, x := range got[key] {
+			level := x.d.Remaining
+			if x.d.Allowed {
+				level += x.cost
+				allowed = append(allowed, x)
+			}
+			levels[level] = true
+			// The model's decision at that level, at the frozen time.
+			m := sluicetest.NewModel(time.Microsecond, sluice.KeepTokens, time.Minute)
+			at := now.UnixMicro()
+			if level < capacity {
+				if _, err := m.Take(at, sluice.Request{Policy: testPolicy, Key: key, Cost: capacity - level, Limit: l}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := m.Take(at, sluice.Request{Policy: testPolicy, Key: key, Cost: x.cost, Limit: l})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if x.d != want {
+				t.Fatalf("key %q: take of %d = %+v; the model at level %d decides %+v", key, x.cost, x.d, level, want)
+			}
+		}
+		slices.SortFunc(allowed, func(x, y taken) int { return int(y.d.Remaining - x.d.Remaining) })
+		level := int64(capacity)
+		chain := map[int64]bool{level: true}
+		for _, x := range allowed {
+			if x.d.Remaining+x.cost != level {
+				t.Fatalf("key %q: an allowed take of %d left %d, but the level before it was %d: takes were lost, doubled or seen twice", key, x.cost, x.d.Remaining, level)
+			}
+			level = x.d.Remaining
+			chain[level] = true
+		}
+		for l := range levels {
+			if !chain[l] {
+				t.Fatalf("key %q: a take found level %d, which no serial order of the allowed takes passes through", key, l)
+			}
+		}
+		d, err := s1.Peek(context.Background(), sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: l})
+		if err != nil || d.Remaining != level {
+			t.Fatalf("Peek(%q) = %+v, %v; want %d remaining after the allowed takes", key, d, err, level)
+		}
+	}
+}
+
+// TestSharedTransactionRollback: a take whose call fails in a shared
+// transaction (here at the lock timeout, its bucket held by another
+// session) fails alone; the other takes of the transaction, rolled back
+// with it, are sent again and charged once.
+func TestSharedTransactionRollback(t *testing.T) {
+	ctx := context.Background()
+	s, table := newStoreTable(t, pgstore.Options{Transactions: 1, StatementTimeout: time.Minute, LockTimeout: 300 * time.Millisecond})
+	take := func(key string) (sluice.Decision, error) {
+		return s.Take(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: testLimit})
+	}
+	if _, err := take("held"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := testPool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT 1 FROM %s WHERE key = $1 FOR UPDATE", qualified(table)), []byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		d   sluice.Decision
+		err error
+	}
+	first := make(chan result, 1)
+	go func() { // in flight alone: the others queue behind it
+		d, err := take("held")
+		first <- result{d, err}
+	}()
+	waitForLockWait(t, table)
+	keys := []string{"b", "held", "a"}
+	results := make([]result, len(keys))
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Go(func() { results[i].d, results[i].err = take(k) })
+	}
+	wg.Wait()
+	if r := <-first; !errors.Is(r.err, sluice.ErrUnavailable) {
+		t.Fatalf("take of the held bucket = %+v, %v; want a lock timeout (ErrUnavailable)", r.d, r.err)
+	}
+	for i, k := range keys {
+		r := results[i]
+		if k == "held" {
+			if !errors.Is(r.err, sluice.ErrUnavailable) {
+				t.Errorf("queued take of the held bucket = %+v, %v; want a lock timeout (ErrUnavailable)", r.d, r.err)
+			}
+			continue
+		}
+		if r.err != nil || !r.d.Allowed || r.d.Remaining != testLimit.Capacity-1 {
+			t.Errorf("take of %q, in a transaction with the held bucket = %+v, %v; want allowed, %d remaining", k, r.d, r.err, testLimit.Capacity-1)
+		}
+		d, err := s.Peek(ctx, sluice.Request{Policy: testPolicy, Key: k, Cost: 1, Limit: testLimit})
+		if err != nil || d.Remaining != testLimit.Capacity-1 {
+			t.Errorf("Peek(%q) = %+v, %v; want %d remaining: charged once", k, d, err, testLimit.Capacity-1)
+		}
+	}
+	st := s.Stats()
+	if st.LockTimeouts != 2 || st.SharedTransactions < 2 || st.SharedTakes < 5 {
+		t.Errorf("Stats() = %+v; want 2 lock timeouts, and the three queued takes in a shared transaction, then the two rolled back in another", st)
+	}
+}
+
+// TestSharedTransactionWithdrawn: a queued take whose context ends returns
+// at once, and is never sent.
+func TestSharedTransactionWithdrawn(t *testing.T) {
+	ctx := context.Background()
+	s, table := newStoreTable(t, pgstore.Options{Transactions: 1, StatementTimeout: time.Minute, LockTimeout: time.Minute})
+	r := sluice.Request{Policy: testPolicy, Key: "held", Cost: 1, Limit: testLimit}
+	if _, err := s.Take(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := testPool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT 1 FROM %s WHERE key = $1 FOR UPDATE", qualified(table)), []byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan error, 1)
+	go func() {
+		_, err := s.Take(ctx, r)
+		first <- err
+	}()
+	waitForLockWait(t, table)
+	// Behind it: a take that stays, and one whose context ends first.
+	x := sluice.Request{Policy: testPolicy, Key: "x", Cost: 1, Limit: testLimit}
+	stays := make(chan error, 1)
+	go func() {
+		_, err := s.Take(ctx, x)
+		stays <- err
+	}()
+	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	w := sluice.Request{Policy: testPolicy, Key: "w", Cost: 1, Limit: testLimit}
+	d, err := s.Take(wctx, w)
+	if elapsed := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || elapsed > 5*time.Second {
+		t.Fatalf("queued Take with a 100ms deadline = %+v, %v after %v; want context.DeadlineExceeded at its deadline", d, err, elapsed)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("take of the held bucket: %v", err)
+	}
+	if err := <-stays; err != nil {
+		t.Fatalf("queued take of %q: %v", x.Key, err)
+	}
+	if d, err := s.Peek(ctx, w); err != nil || d.Remaining != testLimit.Capacity {
+		t.Fatalf("Peek(%q) = %+v, %v; want a full bucket: the withdrawn take was sent", w.Key, d, err)
+	}
+	if d, err := s.Peek(ctx, x); err != nil || d.Remaining != testLimit.Capacity-1 {
+		t.Fatalf("Peek(%q) = %+v, %v; want %d remaining", x.Key, d, err, testLimit.Capacity-1)
+	}
+	if st := s.Stats(); st.SharedTakes != 0 {
+		t.Fatalf("Stats() = %+v; want no shared takes: the one take left was sent alone", st)
+	}
+}
+
+// TestBatchOptions: Batch and Transactions out of range are refused,
+// naming the value.
+func TestBatchOptions(t *testing.T) {
+	for _, o := range []pgstore.Options{{Batch: -1}, {Batch: pgstore.MaxBatch + 1}, {Transactions: -1}} {
+		if _, err := pgstore.New(t.Context(), testPool, o); !errors.Is(err, sluice.ErrInvalidOption) {
+			t.Errorf("New(%+v) = %v; want ErrInvalidOption", o, err)
+		}
+	}
+}
