@@ -14,7 +14,11 @@
 // floor, which PostgreSQL runs faster than the function; a take that finds
 // its bucket there writes nothing and is decided by the function, in a
 // transaction and round trip of its own (Stats.InsertFirst,
-// docs/postgres.md). The arithmetic is bucket.Plan's at a tick
+// docs/postgres.md). Concurrent takes share transactions: while
+// Options.Transactions takes are in flight, later ones queue and are sent
+// together, one function call each in the order of (policy, key), in one
+// round trip and one commit, each decided as if alone and in turn
+// (Options.Batch). The arithmetic is bucket.Plan's at a tick
 // of one microsecond, in bigint and numeric (arbitrary precision), so
 // decisions equal the in-memory store's exactly for limits whose period is a
 // whole number of microseconds (CheckLimit).

@@ -46,6 +46,8 @@ func Example() {
 	// sluice_pgstore_lock_timeouts_total 0
 	// sluice_pgstore_lock_wait_seconds_total 0
 	// sluice_pgstore_lock_waits_total 0
+	// sluice_pgstore_shared_takes_total 0
+	// sluice_pgstore_shared_transactions_total 0
 	// sluice_pgstore_sweep_errors_total 0
 	// sluice_pgstore_swept_buckets_total 0
 	// sluice_pgstore_swept_request_ids_total 0

@@ -97,6 +97,10 @@ func Register(reg prometheus.Registerer, o promstore.Options, stats func() pgsto
 			"Takes of the PostgreSQL store that tried to create their bucket with a plain insert before deciding."),
 		insertFirstMisses: desc("insert_first_misses_total",
 			"Takes of the PostgreSQL store that tried to create their bucket with a plain insert, created nothing (the bucket was there, or the sweep floor above their time), and were decided by the take function in a second round trip."),
+		sharedTransactions: desc("shared_transactions_total",
+			"Transactions of the PostgreSQL store that decided several concurrent takes together."),
+		sharedTakes: desc("shared_takes_total",
+			"Takes of the PostgreSQL store decided in a transaction shared with other takes; one sent again after another take's error counts again."),
 	})
 }
 
@@ -106,6 +110,7 @@ type collector struct {
 	stats                                                                  func() pgstore.Stats
 	sweptBuckets, sweptIDs, sweepErrors, lockWait, lockWaits, lockTimeouts *prometheus.Desc
 	conversions, insertFirst, insertFirstMisses                            *prometheus.Desc
+	sharedTransactions, sharedTakes                                        *prometheus.Desc
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
@@ -118,6 +123,8 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.conversions
 	ch <- c.insertFirst
 	ch <- c.insertFirstMisses
+	ch <- c.sharedTransactions
+	ch <- c.sharedTakes
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -131,4 +138,6 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.conversions, prometheus.CounterValue, float64(st.Conversions))
 	ch <- prometheus.MustNewConstMetric(c.insertFirst, prometheus.CounterValue, float64(st.InsertFirst))
 	ch <- prometheus.MustNewConstMetric(c.insertFirstMisses, prometheus.CounterValue, float64(st.InsertFirstMisses))
+	ch <- prometheus.MustNewConstMetric(c.sharedTransactions, prometheus.CounterValue, float64(st.SharedTransactions))
+	ch <- prometheus.MustNewConstMetric(c.sharedTakes, prometheus.CounterValue, float64(st.SharedTakes))
 }

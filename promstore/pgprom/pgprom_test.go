@@ -119,6 +119,9 @@ func TestStats(t *testing.T) {
 
 			InsertFirst:       9,
 			InsertFirstMisses: 6,
+
+			SharedTransactions: 8,
+			SharedTakes:        30,
 		}
 	}
 	if err := pgprom.Register(reg, promstore.Options{Namespace: "app", ConstLabels: prometheus.Labels{"store": "pg"}}, stats); err != nil {
@@ -134,6 +137,12 @@ app_pgstore_insert_first_misses_total{store="pg"} 6
 # HELP app_pgstore_insert_first_total Takes of the PostgreSQL store that tried to create their bucket with a plain insert before deciding.
 # TYPE app_pgstore_insert_first_total counter
 app_pgstore_insert_first_total{store="pg"} 9
+# HELP app_pgstore_shared_takes_total Takes of the PostgreSQL store decided in a transaction shared with other takes; one sent again after another take's error counts again.
+# TYPE app_pgstore_shared_takes_total counter
+app_pgstore_shared_takes_total{store="pg"} 30
+# HELP app_pgstore_shared_transactions_total Transactions of the PostgreSQL store that decided several concurrent takes together.
+# TYPE app_pgstore_shared_transactions_total counter
+app_pgstore_shared_transactions_total{store="pg"} 8
 # HELP app_pgstore_lock_timeouts_total Decisions of the PostgreSQL store that gave up waiting for a bucket's row lock at the lock timeout.
 # TYPE app_pgstore_lock_timeouts_total counter
 app_pgstore_lock_timeouts_total{store="pg"} 4
