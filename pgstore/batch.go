@@ -42,10 +42,13 @@ import (
 //
 // A shared transaction fails as a whole. When the database reports an
 // error for one call, the transaction was rolled back: that take fails
-// with the error, and the others, which charged nothing, go back to the
-// head of the queue. Any other failure (the connection lost, the commit's
-// outcome unknown) fails every take of it, each charged at most once, as
-// a take alone whose reply is lost.
+// with the error, and so do the takes of its bucket in it (which would
+// wait for the same lock, say); the others, which charged nothing, are
+// sent again at once, by themselves, so that takes queued since cannot
+// make them fail again. An error before anything ran fails every take, as
+// it would each alone; any other failure (the connection lost, the
+// commit's outcome unknown) fails every take of it, each charged at most
+// once, as a take alone whose reply is lost.
 type batcher struct {
 	s       *Store
 	max     int // the most takes in one transaction, >= 2
@@ -64,24 +67,25 @@ type member struct {
 	ctx  context.Context
 	r    sluice.Request
 	p    bucket.Plan
+	now  any // the take's time, read when it was called
 	out  takeOut
 	d    sluice.Decision
 	err  error
 	done chan struct{}
 }
 
-// take decides r, valid under plan p: at once, alone, if fewer than
-// b.flights takes are in flight, else in a shared transaction.
-func (b *batcher) take(ctx context.Context, r sluice.Request, p bucket.Plan) (sluice.Decision, error) {
+// take decides r, valid under plan p, at the time now (nowMicros): at
+// once, alone, if fewer than b.flights takes are in flight, else in a
+// shared transaction.
+func (b *batcher) take(ctx context.Context, r sluice.Request, p bucket.Plan, now any) (sluice.Decision, error) {
 	b.mu.Lock()
 	if b.flying < b.flights { // so nothing is queued
 		b.flying++
 		b.mu.Unlock()
-		d, err := b.s.takeOne(ctx, r, p)
-		b.land()
-		return d, err
+		defer b.land()
+		return b.s.takeOne(ctx, r, p, now)
 	}
-	m := &member{ctx: ctx, r: r, p: p, done: make(chan struct{})}
+	m := &member{ctx: ctx, r: r, p: p, now: now, done: make(chan struct{})}
 	b.queue = append(b.queue, m)
 	b.mu.Unlock()
 	select {
@@ -133,16 +137,15 @@ func (b *batcher) drain() {
 		ms := slices.Clone(b.queue[:n])
 		b.queue = slices.Delete(b.queue, 0, n)
 		b.mu.Unlock()
-		if retry := b.send(ms); len(retry) > 0 {
-			b.mu.Lock()
-			b.queue = append(retry, b.queue...)
-			b.mu.Unlock()
+		for len(ms) > 0 {
+			ms = b.send(ms)
 		}
 	}
 }
 
 // send decides the takes ms in one transaction and returns those to send
-// again: rolled back for another take's error, not charged.
+// again, at once and by themselves: rolled back for another take's error,
+// not charged. It returns fewer takes than it was given.
 func (b *batcher) send(ms []*member) (retry []*member) {
 	ms = slices.DeleteFunc(ms, func(m *member) bool { // withdrawn: the caller has returned
 		if err := m.ctx.Err(); err != nil {
@@ -157,7 +160,7 @@ func (b *batcher) send(ms []*member) (retry []*member) {
 		return nil
 	case 1:
 		m := ms[0]
-		m.d, m.err = b.s.takeOne(m.ctx, m.r, m.p)
+		m.d, m.err = b.s.takeOne(m.ctx, m.r, m.p, m.now)
 		close(m.done)
 		return nil
 	}
@@ -175,7 +178,7 @@ func (b *batcher) send(ms []*member) (retry []*member) {
 		batch.Queue(s.prelude, s.timeouts...)
 	}
 	for _, m := range ms {
-		batch.Queue(s.takeSQL, s.takeArgs(m.r, m.p, []byte(m.r.Key))...)
+		batch.Queue(s.takeSQL, s.takeArgs(m.r, m.p, []byte(m.r.Key), m.now)...)
 	}
 	b.batches.Add(1)
 	b.batched.Add(uint64(len(ms)))
@@ -195,12 +198,15 @@ func (b *batcher) send(ms []*member) (retry []*member) {
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	var pe *pgconn.PgError
-	if err != nil && failed >= 0 && errors.As(err, &pe) {
-		// The database refused one call, so the transaction was rolled
-		// back: that take fails, and the others charged nothing.
-		for i, m := range ms {
-			if i == failed {
+	if err != nil && failed >= 0 && executed(err) {
+		// The database refused a call, so the transaction was rolled back:
+		// that take fails, and so do the takes of its bucket in it, which
+		// would wait for the same lock, say, one after another; the
+		// others charged nothing and are sent again, by themselves, so
+		// that takes queued since cannot make them fail again.
+		f := ms[failed].r
+		for _, m := range ms {
+			if m.r.Policy == f.Policy && m.r.Key == f.Key {
 				m.err = s.decisionError("take", err)
 				close(m.done)
 			} else {
@@ -220,8 +226,21 @@ func (b *batcher) send(ms []*member) (retry []*member) {
 	return nil
 }
 
+// executed reports whether err, the error of one call of a shared
+// transaction, is the database's answer to executing it, rather than a
+// failure to connect, or to prepare the batch, before anything ran.
+func executed(err error) bool {
+	var (
+		pe  *pgconn.PgError
+		ce  *pgconn.ConnectError
+		pre pgx.ErrPreprocessingBatch
+	)
+	return errors.As(err, &pe) && !errors.As(err, &ce) && !errors.As(err, &pre) && !pgconn.SafeToRetry(err)
+}
+
 // shared returns the context of a transaction of the takes ms: it carries
-// the first one's values and ends once every take's context has ended.
+// the values of the context of ms[0] and ends once every take's context
+// has ended.
 // stop releases it.
 func shared(ms []*member) (ctx context.Context, stop func()) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ms[0].ctx))

@@ -7,9 +7,12 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/pgstore"
 	"github.com/sluicehq/sluice/sluicetest"
@@ -140,11 +143,11 @@ func TestSharedTransactionsSerial(t *testing.T) {
 
 // TestSharedTransactionRollback: a take whose call fails in a shared
 // transaction (here at the lock timeout, its bucket held by another
-// session) fails alone; the other takes of the transaction, rolled back
-// with it, are sent again and charged once.
+// session) fails; the other takes of the transaction, rolled back with
+// it, are sent again and charged once.
 func TestSharedTransactionRollback(t *testing.T) {
 	ctx := context.Background()
-	s, table := newStoreTable(t, pgstore.Options{Transactions: 1, StatementTimeout: time.Minute, LockTimeout: 300 * time.Millisecond})
+	s, table := newStoreTable(t, pgstore.Options{Transactions: 1, StatementTimeout: time.Minute, LockTimeout: time.Second})
 	take := func(key string) (sluice.Decision, error) {
 		return s.Take(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: testLimit})
 	}
@@ -258,6 +261,129 @@ func TestSharedTransactionWithdrawn(t *testing.T) {
 		t.Fatalf("Stats() = %+v; want no shared takes: the one take left was sent alone", st)
 	}
 }
+
+// TestSharedTransactionHeldRow: while another session holds a bucket's
+// row, takes of it keep coming and fail at the lock timeout, and takes of
+// other buckets are decided within a few lock timeouts, however many takes
+// of the held bucket shared their transactions: the takes of the bucket
+// whose call failed fail together, and the others are sent again by
+// themselves, not with the takes queued since.
+func TestSharedTransactionHeldRow(t *testing.T) {
+	const lockTimeout = 200 * time.Millisecond
+	ctx := context.Background()
+	s, table := newStoreTable(t, pgstore.Options{Transactions: 1, StatementTimeout: time.Minute, LockTimeout: lockTimeout})
+	held := sluice.Request{Policy: testPolicy, Key: "held", Cost: 1, Limit: testLimit}
+	if _, err := s.Take(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := testPool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT 1 FROM %s WHERE key = $1 FOR UPDATE", qualified(table)), []byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		heldErrs []error
+	)
+	for range 6 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := s.Take(ctx, held)
+				mu.Lock()
+				heldErrs = append(heldErrs, err)
+				mu.Unlock()
+			}
+		})
+	}
+	waitForLockWait(t, table)
+	for i := range 5 {
+		start := time.Now()
+		d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "free", Cost: 1, Limit: testLimit})
+		if elapsed := time.Since(start); err != nil || !d.Allowed || elapsed > 8*lockTimeout {
+			t.Errorf("take %d of a free bucket while another is held = %+v, %v after %v; want allowed within a few lock timeouts (%v)", i, d, err, elapsed, lockTimeout)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range heldErrs {
+		if !errors.Is(err, sluice.ErrUnavailable) {
+			t.Fatalf("a take of the held bucket returned %v; want a lock timeout (ErrUnavailable)", err)
+		}
+	}
+	if st := s.Stats(); st.SharedTakes == 0 {
+		t.Fatalf("Stats() = %+v; want shared takes, or the test proves little", st)
+	}
+}
+
+// TestSharedTransactionPanic: a take that panics (here in the pool's
+// tracer) and is recovered by its caller still ends its flight, so the
+// store goes on sending takes.
+func TestSharedTransactionPanic(t *testing.T) {
+	cfg := testPool.Config().Copy()
+	tr := &panicTracer{}
+	cfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not closed: the connection whose tracer panicked was never released,
+	// and Close would wait for it.
+	s, _ := newStoreOn(t, pool, pgstore.Options{Transactions: 1})
+	r := sluice.Request{Policy: testPolicy, Key: "k", Cost: 1, Limit: testLimit}
+	if _, err := s.Take(t.Context(), r); err != nil { // the schema check, before the tracer panics
+		t.Fatal(err)
+	}
+	tr.armed.Store(true)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the tracer's panic did not reach the caller")
+			}
+		}()
+		s.Take(t.Context(), r)
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if d, err := s.Take(ctx, r); err != nil || !d.Allowed {
+		t.Fatalf("Take after a recovered panic = %+v, %v; want allowed", d, err)
+	}
+}
+
+// panicTracer panics once in a query's start, once armed.
+type panicTracer struct{ armed atomic.Bool }
+
+func (p *panicTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	if p.armed.CompareAndSwap(true, false) {
+		panic("tracer")
+	}
+	return ctx
+}
+
+func (p *panicTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (p *panicTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	if p.armed.CompareAndSwap(true, false) {
+		panic("tracer")
+	}
+	return ctx
+}
+
+func (p *panicTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (p *panicTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // TestBatchOptions: Batch and Transactions out of range are refused,
 // naming the value.

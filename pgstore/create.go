@@ -178,7 +178,7 @@ func createdDecision(r sluice.Request, c int64, ok bool) sluice.Decision {
 // new keys" above). It returns the decision and true if it created the
 // bucket, false if the bucket exists (nothing was written; decide with the
 // function).
-func (s *Store) takeNew(ctx context.Context, r sluice.Request, p bucket.Plan, key []byte) (sluice.Decision, bool, error) {
+func (s *Store) takeNew(ctx context.Context, r sluice.Request, p bucket.Plan, key []byte, now any) (sluice.Decision, bool, error) {
 	c, ok := createReset(p, r.Cost)
 	var reset any // SQL NULL: never full again
 	if ok {
@@ -189,7 +189,7 @@ func (s *Store) takeNew(ctx context.Context, r sluice.Request, p bucket.Plan, ke
 	if s.prelude != "" {
 		b.Queue(s.prelude, s.timeouts...)
 	}
-	b.Queue(s.createSQL, r.Policy, key, r.Cost, r.Limit.Capacity, r.Limit.Rate.Tokens, int64(r.Limit.Rate.Period/time.Microsecond), reset, s.nowMicros()).
+	b.Queue(s.createSQL, r.Policy, key, r.Cost, r.Limit.Capacity, r.Limit.Rate.Tokens, int64(r.Limit.Rate.Period/time.Microsecond), reset, now).
 		QueryRow(func(row pgx.Row) error {
 			var stamp int64
 			err := row.Scan(&stamp)

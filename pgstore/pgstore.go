@@ -548,7 +548,9 @@ func plan(l sluice.Limit) (bucket.Plan, error) {
 // sentinels; a limit that CheckLimit refuses is sluice.ErrInvalidLimit),
 // then makes the decision in one transaction: one statement, the take
 // function, or, for a new key, two plain statements that create the bucket
-// (docs/postgres.md, "Takes of new keys"). A request ID remembered with
+// (docs/postgres.md, "Takes of new keys"); while other takes are in
+// flight, one call of the take function in a transaction shared with
+// other takes (Options.Batch). A request ID remembered with
 // another cost or limit is sluice.ErrRequestIDConflict. A database that
 // cannot decide is an error wrapping sluice.ErrUnavailable, and a schema
 // that is missing or older than SchemaVersion one wrapping
@@ -567,25 +569,26 @@ func (s *Store) Take(ctx context.Context, r sluice.Request) (sluice.Decision, er
 	if err := s.checkSchema(ctx, "take"); err != nil {
 		return sluice.Decision{}, err
 	}
+	now := s.nowMicros()
 	if s.batcher != nil {
-		return s.batcher.take(ctx, r, p)
+		return s.batcher.take(ctx, r, p, now)
 	}
-	return s.takeOne(ctx, r, p)
+	return s.takeOne(ctx, r, p, now)
 }
 
-// takeOne decides r, valid under plan p, in a transaction of its own: the
-// insert-first pair for a new key where it applies (create.go), else the
-// take function.
-func (s *Store) takeOne(ctx context.Context, r sluice.Request, p bucket.Plan) (sluice.Decision, error) {
+// takeOne decides r, valid under plan p, at the time now (nowMicros), in a
+// transaction of its own: the insert-first pair for a new key where it
+// applies (create.go), else the take function.
+func (s *Store) takeOne(ctx context.Context, r sluice.Request, p bucket.Plan, now any) (sluice.Decision, error) {
 	key := []byte(r.Key)
 	if r.RequestID == "" && s.current.Load() && smallPlan(r.Limit, p) && s.insertFirst() {
-		d, created, err := s.takeNew(ctx, r, p, key)
+		d, created, err := s.takeNew(ctx, r, p, key, now)
 		if err != nil || created {
 			return d, err
 		}
 	}
 	var out takeOut
-	if err := s.queryRow(ctx, s.takeSQL, out.dst(), s.takeArgs(r, p, key)...); err != nil {
+	if err := s.queryRow(ctx, s.takeSQL, out.dst(), s.takeArgs(r, p, key, now)...); err != nil {
 		return sluice.Decision{}, s.decisionError("take", err)
 	}
 	return s.takeDecision(r, &out)
@@ -605,16 +608,16 @@ func (o *takeOut) dst() []any {
 	return []any{&o.status, &o.allowed, &o.remaining, &o.retry, &o.reset, &o.idCost, &o.idCapacity, &o.idTokens, &o.idPeriod, &o.lockWait, &o.converted}
 }
 
-// takeArgs returns the take function's arguments for r under plan p, with
-// key the bytes of r.Key.
-func (s *Store) takeArgs(r sluice.Request, p bucket.Plan, key []byte) []any {
+// takeArgs returns the take function's arguments for r under plan p at the
+// time now (nowMicros), with key the bytes of r.Key.
+func (s *Store) takeArgs(r sluice.Request, p bucket.Plan, key []byte, now any) []any {
 	var id []byte
 	if r.RequestID != "" {
 		id = []byte(r.RequestID)
 	}
 	return []any{r.Policy, key, r.Cost,
 		r.Limit.Capacity, r.Limit.Rate.Tokens, int64(r.Limit.Rate.Period / time.Microsecond), int64(p.RefillUnits()), int64(p.Scale()),
-		s.conv, id, s.idTTL, s.nowMicros()}
+		s.conv, id, s.idTTL, now}
 }
 
 // takeDecision counts the take function's row o for r in Stats and
