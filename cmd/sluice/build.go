@@ -323,14 +323,7 @@ func openStore(ctx context.Context, cfg config.Config, rt *runtime, serving bool
 		return st, func(ctx context.Context) error { return client.Ping(ctx).Err() }, nil
 
 	case config.StorePostgres:
-		o := pgstore.Options{
-			Schema:           s.Postgres.Schema,
-			Table:            s.Postgres.Table,
-			OnLimitChange:    s.OnLimitChange,
-			RequestIDTTL:     s.RequestIDTTL,
-			StatementTimeout: s.Postgres.StatementTimeout,
-			LockTimeout:      s.Postgres.LockTimeout,
-		}
+		o := postgresOptions(s)
 		pc, err := postgresPoolConfig(s.Postgres, o, serving)
 		if err != nil {
 			return nil, nil, err
@@ -519,4 +512,19 @@ func tokens(a config.Auth) ([]string, error) {
 		return nil, fmt.Errorf("auth: %w", err)
 	}
 	return ts, nil
+}
+
+// postgresOptions returns the PostgreSQL store's options of the config s
+// (the sweeper's interval aside).
+func postgresOptions(s config.Store) pgstore.Options {
+	return pgstore.Options{
+		Schema:           s.Postgres.Schema,
+		Table:            s.Postgres.Table,
+		OnLimitChange:    s.OnLimitChange,
+		RequestIDTTL:     s.RequestIDTTL,
+		StatementTimeout: s.Postgres.StatementTimeout,
+		LockTimeout:      s.Postgres.LockTimeout,
+		Batch:            s.Postgres.Batch,
+		Transactions:     s.Postgres.Transactions,
+	}
 }

@@ -416,6 +416,20 @@ func TestPostgresDefaults(t *testing.T) {
 		t.Errorf("config defaults %v, %v, %s.%s; pgstore's %v, %v, %s.%s", config.DefaultStatementTimeout, config.DefaultLockTimeout, config.DefaultSchema, config.DefaultTable,
 			pgstore.DefaultStatementTimeout, pgstore.DefaultLockTimeout, pgstore.DefaultSchema, pgstore.DefaultTable)
 	}
+	if config.DefaultPGBatch != pgstore.DefaultBatch || config.DefaultPGTransactions != pgstore.DefaultTransactions {
+		t.Errorf("config defaults batch %d, transactions %d; pgstore's %d, %d", config.DefaultPGBatch, config.DefaultPGTransactions, pgstore.DefaultBatch, pgstore.DefaultTransactions)
+	}
+}
+
+// The store gets the config's batch and transactions.
+func TestPostgresOptions(t *testing.T) {
+	c, err := config.Parse([]byte("store: {type: postgres, postgres: {url: \"postgres://db/s\", batch: 1, transactions: 3}}\npolicies: {default: {limit: \"100 10/s\"}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := postgresOptions(c.Store); o.Batch != 1 || o.Transactions != 3 {
+		t.Errorf("postgresOptions(batch: 1, transactions: 3) = Batch %d, Transactions %d", o.Batch, o.Transactions)
+	}
 }
 
 // The service's pool carries the store's timeouts in its sessions' startup

@@ -228,6 +228,12 @@ type PostgresStore struct {
 	// that does not pass startup parameters on to PostgreSQL, such as
 	// PgBouncer. Default false.
 	PerTransactionTimeouts bool
+	// Batch is the most concurrent takes one transaction decides
+	// (pgstore.Options.Batch): 1 to 1000, default 64; 1 sends every take
+	// in a transaction of its own. Transactions is the most takes in
+	// flight before later ones queue to share a transaction
+	// (pgstore.Options.Transactions): 1 to 256, default 2.
+	Batch, Transactions int
 }
 
 // FailureMode names what decides when the store cannot, as
@@ -328,6 +334,9 @@ const (
 	// The PostgreSQL store's timeouts, pgstore's defaults.
 	DefaultStatementTimeout = 200 * time.Millisecond
 	DefaultLockTimeout      = 100 * time.Millisecond
+	// The PostgreSQL store's shared transactions, pgstore's defaults.
+	DefaultPGBatch        = 64
+	DefaultPGTransactions = 2
 	// DefaultTimeout fits in Envoy's rate-limit filter's default timeout
 	// of 20ms with room for the network and the service: a store slower
 	// than that is decided by the failure mode, which Envoy waiting longer

@@ -274,7 +274,7 @@ func TestDefaultsOfSections(t *testing.T) {
 		{"postgres", "store: {postgres: {url: \"postgres://db/s\"}, type: postgres}\npolicies: {default: {limit: \"100 10/s\"}}", func(c *Config) {
 			c.Store.Type = StorePostgres
 			c.Store.Memory = MemoryStore{}
-			c.Store.Postgres = PostgresStore{URL: NewURL("postgres://db/s"), Schema: "public", Table: "sluice_buckets", StatementTimeout: DefaultStatementTimeout, LockTimeout: DefaultLockTimeout}
+			c.Store.Postgres = PostgresStore{URL: NewURL("postgres://db/s"), Schema: "public", Table: "sluice_buckets", StatementTimeout: DefaultStatementTimeout, LockTimeout: DefaultLockTimeout, Batch: DefaultPGBatch, Transactions: DefaultPGTransactions}
 		}},
 	}
 	for _, tt := range tests {
@@ -381,8 +381,11 @@ func TestValidate(t *testing.T) {
 			`store.redis.sentinel.addrs[2]: ":2" has no host`,
 		}},
 		{"postgres url with fragment", func(c *Config) {
-			c.Store = Store{Type: StorePostgres, RequestIDTTL: time.Minute, Postgres: PostgresStore{URL: NewURL("postgres://u:s3cret@db/x#f"), Schema: "s", Table: "t", StatementTimeout: time.Second, LockTimeout: time.Second}}
+			c.Store = Store{Type: StorePostgres, RequestIDTTL: time.Minute, Postgres: PostgresStore{URL: NewURL("postgres://u:s3cret@db/x#f"), Schema: "s", Table: "t", StatementTimeout: time.Second, LockTimeout: time.Second, Batch: 1, Transactions: 1}}
 		}, []string{"store.postgres.url: has a fragment"}},
+		{"postgres batch and transactions out of range", func(c *Config) {
+			c.Store = Store{Type: StorePostgres, RequestIDTTL: time.Minute, Postgres: PostgresStore{URL: NewURL("postgres://db/x"), Schema: "s", Table: "t", StatementTimeout: time.Second, LockTimeout: time.Second, Batch: 1001, Transactions: 0}}
+		}, []string{"store.postgres.batch: is 1001; want a whole number from 1 to 1000", "store.postgres.transactions: is 0; want a whole number from 1 to 256"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

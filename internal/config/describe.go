@@ -62,6 +62,11 @@ func (c *Config) describe(b *strings.Builder) {
 			in = "each transaction"
 		}
 		line("store:    postgres %s, table %s.%s, statement timeout %s, lock timeout %s (set in %s)", pg.URL, pg.Schema, pg.Table, formatDuration(pg.StatementTimeout), formatDuration(pg.LockTimeout), in)
+		if pg.Batch > 1 {
+			line("          concurrent takes share transactions of up to %d takes, %d in flight", pg.Batch, pg.Transactions)
+		} else {
+			line("          every take in a transaction of its own (batch: 1)")
+		}
 	default:
 		line("store:    %s", s.Type)
 	}

@@ -51,6 +51,8 @@
 //	  #   statement_timeout: 200ms  # of each decision on the server
 //	  #   lock_timeout: 100ms       # of its wait for a bucket's row lock
 //	  #   per_transaction_timeouts: false  # true behind PgBouncer
+//	  #   batch: 64                 # takes per shared transaction; 1: none
+//	  #   transactions: 2           # takes in flight before others queue to share
 //	guard:
 //	  timeout: 15ms             # of every store call; keep it below the callers'
 //	  failure_mode: local       # local (the default), closed or open

@@ -33,6 +33,7 @@ policies:
 	// listen:   http :8080, grpc :8081, admin 127.0.0.1:9090 (metrics, health)
 	// auth:     none: any client that reaches :8080 or :8081 may call the API
 	// store:    postgres postgres://sluice:xxxxx@db.internal/sluice, table public.sluice_buckets, statement timeout 200ms, lock timeout 100ms (set in the sessions)
+	//           concurrent takes share transactions of up to 64 takes, 2 in flight
 	//           request IDs remembered 5m; on a limit change, keep the level (up to the new capacity)
 	// guard:    timeout 15ms, failure mode closed: deny while the store cannot decide
 	//           breaker opens after 5 failures in a row, or when 50% of at least 10 calls in 1s fail; probes the store every 500ms while open

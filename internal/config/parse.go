@@ -757,6 +757,7 @@ func (p *parser) store(path string, n *yaml.Node, s *Store) {
 				s.Type, s.Memory = StorePostgres, MemoryStore{}
 				s.Postgres.Schema, s.Postgres.Table = DefaultSchema, DefaultTable
 				s.Postgres.StatementTimeout, s.Postgres.LockTimeout = DefaultStatementTimeout, DefaultLockTimeout
+				s.Postgres.Batch, s.Postgres.Transactions = DefaultPGBatch, DefaultPGTransactions
 			default:
 				p.fail(n.Content[i+1].Line, tp, nil, "is %s; want memory, redis or postgres", quoteShort(t))
 			}
@@ -867,6 +868,16 @@ func (p *parser) postgres(path string, n *yaml.Node, pg *PostgresStore) {
 		{"per_transaction_timeouts", func(path string, v *yaml.Node) {
 			if b, ok := p.boolean(path, v); ok {
 				pg.PerTransactionTimeouts = b
+			}
+		}},
+		{"batch", func(path string, v *yaml.Node) {
+			if x, ok := p.integer(path, v, 1, maxPGBatch); ok {
+				pg.Batch = int(x)
+			}
+		}},
+		{"transactions", func(path string, v *yaml.Node) {
+			if x, ok := p.integer(path, v, 1, maxPGTransactions); ok {
+				pg.Transactions = int(x)
 			}
 		}},
 	})
@@ -989,20 +1000,22 @@ func trimSentinel(err, sentinel error) string {
 
 // Ranges of the values, besides those of package sluice.
 const (
-	minRequestIDTTL = time.Second
-	maxRequestIDTTL = 24 * time.Hour
-	maxMemoryKeys   = 1 << 30
-	minRequestIDs   = 256 // one per shard of the memory store
-	minTimeout      = time.Millisecond
-	minPGTimeout    = time.Millisecond
-	maxPGTimeout    = time.Minute
-	maxTimeout      = 10 * time.Second
-	maxLocalDivisor = 10000
-	maxBreakerCount = 1000000
-	minWindow       = 100 * time.Millisecond
-	maxWindow       = 10 * time.Minute
-	minProbe        = 10 * time.Millisecond
-	maxProbe        = 10 * time.Minute
-	maxLimits       = 8
-	maxSnapshotAge  = 366 * 24 * time.Hour
+	minRequestIDTTL   = time.Second
+	maxRequestIDTTL   = 24 * time.Hour
+	maxMemoryKeys     = 1 << 30
+	minRequestIDs     = 256 // one per shard of the memory store
+	minTimeout        = time.Millisecond
+	minPGTimeout      = time.Millisecond
+	maxPGTimeout      = time.Minute
+	maxPGBatch        = 1000 // pgstore.MaxBatch
+	maxPGTransactions = 256
+	maxTimeout        = 10 * time.Second
+	maxLocalDivisor   = 10000
+	maxBreakerCount   = 1000000
+	minWindow         = 100 * time.Millisecond
+	maxWindow         = 10 * time.Minute
+	minProbe          = 10 * time.Millisecond
+	maxProbe          = 10 * time.Minute
+	maxLimits         = 8
+	maxSnapshotAge    = 366 * 24 * time.Hour
 )

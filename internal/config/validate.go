@@ -429,6 +429,8 @@ func (ch *checker) postgres(pg PostgresStore) {
 	ch.ident(p+".table", pg.Table, 43)
 	ch.duration(p+".statement_timeout", pg.StatementTimeout, minPGTimeout, maxPGTimeout)
 	ch.duration(p+".lock_timeout", pg.LockTimeout, minPGTimeout, maxPGTimeout)
+	ch.integer(p+".batch", int64(pg.Batch), 1, maxPGBatch)
+	ch.integer(p+".transactions", int64(pg.Transactions), 1, maxPGTransactions)
 }
 
 // ident checks a PostgreSQL identifier as package pgstore takes it.
