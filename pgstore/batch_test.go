@@ -28,7 +28,9 @@ import (
 // denial found one of those levels, and each decision is the model's at
 // the level it found. A cycle of row locks between two transactions would
 // fail takes with a deadlock (40P01), and a lost or doubled take would
-// break the chain.
+// break the chain. A quarter of the takes carry one of eight request IDs
+// (each with a cost of its own): a request ID's first allowed take must be
+// its only one, and every later take of it a replay of that decision.
 func TestSharedTransactionsSerial(t *testing.T) {
 	const (
 		callers, takes = 48, 40
@@ -55,6 +57,7 @@ func TestSharedTransactionsSerial(t *testing.T) {
 	keys := []string{"a", "b", "c", "d", "e"}
 	type taken struct {
 		cost int64
+		id   string
 		d    sluice.Decision
 	}
 	var (
@@ -69,12 +72,17 @@ func TestSharedTransactionsSerial(t *testing.T) {
 			s := stores[w%2]
 			for range takes {
 				key, cost := keys[rng.IntN(len(keys))], rng.Int64N(4)+1
-				d, err := s.Take(context.Background(), sluice.Request{Policy: testPolicy, Key: key, Cost: cost, Limit: l})
+				r := sluice.Request{Policy: testPolicy, Key: key, Cost: cost, Limit: l}
+				if rng.IntN(4) == 0 { // a request ID of its own cost
+					j := rng.IntN(8)
+					r.RequestID, r.Cost = fmt.Sprintf("id-%d", j), int64(j%4+1)
+				}
+				d, err := s.Take(context.Background(), r)
 				mu.Lock()
 				if err != nil {
 					errs = append(errs, err)
 				} else {
-					got[key] = append(got[key], taken{cost, d})
+					got[key] = append(got[key], taken{r.Cost, r.RequestID, d})
 				}
 				mu.Unlock()
 			}
@@ -93,10 +101,31 @@ func TestSharedTransactionsSerial(t *testing.T) {
 	}
 	t.Logf("%d of %d takes in shared transactions", shared, callers*takes)
 
+	replays := 0
 	for _, key := range keys {
 		levels := map[int64]bool{}
 		var allowed []taken
+		// A request ID's first allowed take is remembered: every later
+		// take of it is a replay of that decision, and charges nothing.
+		first := map[string]sluice.Decision{}
 		for _, x := range got[key] {
+			if x.id != "" && x.d.Allowed && !x.d.Replayed {
+				if _, ok := first[x.id]; ok {
+					t.Fatalf("key %q: request ID %q was allowed twice", key, x.id)
+				}
+				first[x.id] = x.d
+			}
+		}
+		for _, x := range got[key] {
+			if x.d.Replayed {
+				d := x.d
+				d.Replayed = false
+				if f, ok := first[x.id]; !ok || d != f {
+					t.Fatalf("key %q: a replay of request ID %q = %+v; its allowed take decided %+v", key, x.id, x.d, f)
+				}
+				replays++
+				continue
+			}
 			level := x.d.Remaining
 			if x.d.Allowed {
 				level += x.cost
@@ -139,6 +168,10 @@ func TestSharedTransactionsSerial(t *testing.T) {
 			t.Fatalf("Peek(%q) = %+v, %v; want %d remaining after the allowed takes", key, d, err, level)
 		}
 	}
+	if replays == 0 {
+		t.Fatal("no take was a replay of a request ID: the test proves little")
+	}
+	t.Logf("%d replays", replays)
 }
 
 // TestSharedTransactionRollback: a take whose call fails in a shared
