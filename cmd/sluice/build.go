@@ -312,11 +312,7 @@ func openStore(ctx context.Context, cfg config.Config, rt *runtime, serving bool
 			return nil, nil, fmt.Errorf("store.redis: %w", err)
 		}
 		rt.closer = append(rt.closer, client.Close)
-		st, err := redisstore.New(client, redisstore.Options{
-			Prefix:        s.Redis.Prefix,
-			OnLimitChange: s.OnLimitChange,
-			RequestIDTTL:  s.RequestIDTTL,
-		})
+		st, err := redisstore.New(client, redisOptions(s))
 		if err != nil {
 			return nil, nil, fmt.Errorf("store.redis: %w", err)
 		}
@@ -526,5 +522,16 @@ func postgresOptions(s config.Store) pgstore.Options {
 		LockTimeout:      s.Postgres.LockTimeout,
 		Batch:            s.Postgres.Batch,
 		Transactions:     s.Postgres.Transactions,
+	}
+}
+
+// redisOptions returns the Redis store's options of the config s.
+func redisOptions(s config.Store) redisstore.Options {
+	return redisstore.Options{
+		Prefix:        s.Redis.Prefix,
+		OnLimitChange: s.OnLimitChange,
+		RequestIDTTL:  s.RequestIDTTL,
+		Batch:         s.Redis.Batch,
+		Pipelines:     s.Redis.Pipelines,
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/pgstore"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // The tests of this file run sluice serve on real Redis and PostgreSQL
@@ -418,6 +419,21 @@ func TestPostgresDefaults(t *testing.T) {
 	}
 	if config.DefaultPGBatch != pgstore.DefaultBatch || config.DefaultPGTransactions != pgstore.DefaultTransactions {
 		t.Errorf("config defaults batch %d, transactions %d; pgstore's %d, %d", config.DefaultPGBatch, config.DefaultPGTransactions, pgstore.DefaultBatch, pgstore.DefaultTransactions)
+	}
+}
+
+// The config's Redis batching defaults are redisstore's, and the store
+// gets the config's batch and pipelines.
+func TestRedisOptions(t *testing.T) {
+	if config.DefaultRedisBatch != redisstore.DefaultBatch || config.DefaultRedisPipelines != redisstore.DefaultPipelines {
+		t.Errorf("config defaults batch %d, pipelines %d; redisstore's %d, %d", config.DefaultRedisBatch, config.DefaultRedisPipelines, redisstore.DefaultBatch, redisstore.DefaultPipelines)
+	}
+	c, err := config.Parse([]byte("store: {type: redis, redis: {url: \"redis://r:6379\", batch: 1, pipelines: 3}}\npolicies: {default: {limit: \"100 10/s\"}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := redisOptions(c.Store); o.Batch != 1 || o.Pipelines != 3 {
+		t.Errorf("redisOptions(batch: 1, pipelines: 3) = Batch %d, Pipelines %d", o.Batch, o.Pipelines)
 	}
 }
 

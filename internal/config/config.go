@@ -180,6 +180,11 @@ type RedisStore struct {
 	// Prefix starts every key the store writes. Default "sluice:"; 1 to
 	// 64 printable ASCII bytes without '{' or '}'.
 	Prefix string
+	// Batch is the most concurrent decisions sent in one pipeline
+	// (redisstore.Options.Batch): 1 to 1000, default 64; 1 sends every
+	// decision on its own. Pipelines is the most pipelines in flight
+	// (redisstore.Options.Pipelines): 1 to 64, default 2.
+	Batch, Pipelines int
 }
 
 // RedisMode names how the Redis store reaches Redis: "url", "cluster",
@@ -329,8 +334,11 @@ const (
 	DefaultMaxKeys       = 1 << 20
 	DefaultMaxRequestIDs = 1 << 18
 	DefaultRedisPrefix   = "sluice:"
-	DefaultSchema        = "public"
-	DefaultTable         = "sluice_buckets"
+	// The Redis store's batching, redisstore's defaults.
+	DefaultRedisBatch     = 64
+	DefaultRedisPipelines = 2
+	DefaultSchema         = "public"
+	DefaultTable          = "sluice_buckets"
 	// The PostgreSQL store's timeouts, pgstore's defaults.
 	DefaultStatementTimeout = 200 * time.Millisecond
 	DefaultLockTimeout      = 100 * time.Millisecond

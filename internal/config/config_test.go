@@ -269,7 +269,7 @@ func TestDefaultsOfSections(t *testing.T) {
 		{"redis", "store: {type: redis, redis: {url: \"redis://r:6379\"}}\npolicies: {default: {limit: \"100 10/s\"}}", func(c *Config) {
 			c.Store.Type = StoreRedis
 			c.Store.Memory = MemoryStore{}
-			c.Store.Redis = RedisStore{URL: NewURL("redis://r:6379"), Prefix: "sluice:"}
+			c.Store.Redis = RedisStore{URL: NewURL("redis://r:6379"), Prefix: "sluice:", Batch: DefaultRedisBatch, Pipelines: DefaultRedisPipelines}
 		}},
 		{"postgres", "store: {postgres: {url: \"postgres://db/s\"}, type: postgres}\npolicies: {default: {limit: \"100 10/s\"}}", func(c *Config) {
 			c.Store.Type = StorePostgres
@@ -369,13 +369,13 @@ func TestValidate(t *testing.T) {
 			"policies.a.limits[0]: capacity 0 is outside [1, 1099511627776]",
 		}},
 		{"redis url with user", func(c *Config) {
-			c.Store = Store{Type: StoreRedis, RequestIDTTL: time.Minute, Redis: RedisStore{URL: NewURL("rediss://u:s3cret@h:6380/1"), Username: "u", Prefix: "p:"}}
+			c.Store = Store{Type: StoreRedis, RequestIDTTL: time.Minute, Redis: RedisStore{URL: NewURL("rediss://u:s3cret@h:6380/1"), Username: "u", Prefix: "p:", Batch: 1, Pipelines: 1}}
 		}, []string{"store.redis.username: is set with url"}},
 		{"redis unix url", func(c *Config) {
-			c.Store = Store{Type: StoreRedis, RequestIDTTL: time.Minute, Redis: RedisStore{URL: NewURL("unix://h/run/redis.sock"), Prefix: "p:"}}
+			c.Store = Store{Type: StoreRedis, RequestIDTTL: time.Minute, Redis: RedisStore{URL: NewURL("unix://h/run/redis.sock"), Prefix: "p:", Batch: 1, Pipelines: 1}}
 		}, []string{"store.redis.url: unix://h/run/redis.sock has no socket path"}},
 		{"redis sentinel", func(c *Config) {
-			c.Store = Store{Type: StoreRedis, RequestIDTTL: time.Minute, Redis: RedisStore{Sentinel: Sentinel{Master: "m", Addrs: []string{"a:1", "a:1", ":2"}}, Prefix: "p:"}}
+			c.Store = Store{Type: StoreRedis, RequestIDTTL: time.Minute, Redis: RedisStore{Sentinel: Sentinel{Master: "m", Addrs: []string{"a:1", "a:1", ":2"}}, Prefix: "p:", Batch: 1, Pipelines: 1}}
 		}, []string{
 			`store.redis.sentinel.addrs[1]: "a:1" repeats addrs[0]`,
 			`store.redis.sentinel.addrs[2]: ":2" has no host`,

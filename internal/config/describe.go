@@ -55,6 +55,11 @@ func (c *Config) describe(b *strings.Builder) {
 		line("store:    memory (per process, %s), at most %d keys (overflow: %s), %d request IDs", kept, m.MaxKeys, m.Overflow, m.MaxRequestIDs)
 	case StoreRedis:
 		line("store:    redis %s, key prefix %q", redisTarget(s.Redis), s.Redis.Prefix)
+		if s.Redis.Batch > 1 {
+			line("          concurrent decisions share pipelines of up to %d, %d in flight", s.Redis.Batch, s.Redis.Pipelines)
+		} else {
+			line("          every decision sent on its own (batch: 1)")
+		}
 	case StorePostgres:
 		pg := s.Postgres
 		in := "the sessions"

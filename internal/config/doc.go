@@ -43,6 +43,8 @@
 //	    password_env: REDIS_PASSWORD  # the password, from the environment
 //	    tls: true
 //	    prefix: "sluice:"
+//	    # batch: 64             # decisions per pipeline; 1: none
+//	    # pipelines: 2          # pipelines in flight
 //	  # memory: {max_keys: 1048576, overflow: refuse, max_request_ids: 262144}
 //	  # postgres:
 //	  #   url: "postgres://sluice@db.internal/sluice"  # password: PGPASSWORD

@@ -753,6 +753,7 @@ func (p *parser) store(path string, n *yaml.Node, s *Store) {
 			case StoreRedis:
 				s.Type, s.Memory = StoreRedis, MemoryStore{}
 				s.Redis.Prefix = DefaultRedisPrefix
+				s.Redis.Batch, s.Redis.Pipelines = DefaultRedisBatch, DefaultRedisPipelines
 			case StorePostgres:
 				s.Type, s.Memory = StorePostgres, MemoryStore{}
 				s.Postgres.Schema, s.Postgres.Table = DefaultSchema, DefaultTable
@@ -851,6 +852,16 @@ func (p *parser) redis(path string, n *yaml.Node, r *RedisStore) {
 			}
 		}},
 		p.setStr("prefix", `a key prefix, for example "sluice:"`, &r.Prefix),
+		{"batch", func(path string, v *yaml.Node) {
+			if x, ok := p.integer(path, v, 1, maxRedisBatch); ok {
+				r.Batch = int(x)
+			}
+		}},
+		{"pipelines", func(path string, v *yaml.Node) {
+			if x, ok := p.integer(path, v, 1, maxRedisPipelines); ok {
+				r.Pipelines = int(x)
+			}
+		}},
 	})
 }
 
@@ -1009,6 +1020,8 @@ const (
 	maxPGTimeout      = time.Minute
 	maxPGBatch        = 1000 // pgstore.MaxBatch
 	maxPGTransactions = 256
+	maxRedisBatch     = 1000
+	maxRedisPipelines = 64
 	maxTimeout        = 10 * time.Second
 	maxLocalDivisor   = 10000
 	maxBreakerCount   = 1000000

@@ -350,6 +350,8 @@ func (ch *checker) redis(r RedisStore) {
 	if r.Prefix == "" || len(r.Prefix) > 64 || strings.ContainsAny(r.Prefix, "{}") || !printable(r.Prefix) {
 		ch.errorf(p+".prefix", "is %s; want 1 to 64 bytes of printable ASCII without spaces, '{' or '}' (the store adds a hash tag of its own)", quoteShort(r.Prefix))
 	}
+	ch.integer(p+".batch", int64(r.Batch), 1, maxRedisBatch)
+	ch.integer(p+".pipelines", int64(r.Pipelines), 1, maxRedisPipelines)
 }
 
 func printable(s string) bool {
