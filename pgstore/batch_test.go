@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/faultproxy"
 	"github.com/sluicehq/sluice/pgstore"
 	"github.com/sluicehq/sluice/sluicetest"
 )
@@ -425,5 +428,129 @@ func TestBatchOptions(t *testing.T) {
 		if _, err := pgstore.New(t.Context(), testPool, o); !errors.Is(err, sluice.ErrInvalidOption) {
 			t.Errorf("New(%+v) = %v; want ErrInvalidOption", o, err)
 		}
+	}
+}
+
+// TestSharedTransactionUnknownOutcome: a shared transaction that committed
+// but whose reply was lost fails every take of it, and sends none again:
+// each is charged once. The store talks to PostgreSQL through a proxy that
+// drops the replies, then cuts the connection.
+func TestSharedTransactionUnknownOutcome(t *testing.T) {
+	ctx := context.Background()
+	cfg := testPool.Config().Copy()
+	px, err := faultproxy.New(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	host, port, err := net.SplitHostPort(px.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = host, uint16(p), nil
+	cfg.MaxConns, cfg.MinConns = 4, 0
+	// An idle connection is used as it is, and a statement is sent with its
+	// batch, not prepared first: the replies of a ping or a prepare would
+	// be dropped too.
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s, table := newStoreOn(t, pool, pgstore.Options{Transactions: 1, StatementTimeout: time.Minute, LockTimeout: time.Minute})
+	// Less than a token refills while the test runs.
+	l := sluice.Limit{Capacity: 10, Rate: sluice.Per(1, time.Hour)}
+	take := func(ctx context.Context, key string) (sluice.Decision, error) {
+		return s.Take(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: l})
+	}
+	for _, k := range []string{"held", "a", "b"} {
+		if _, err := take(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Idle connections for the shared transaction.
+	var conns []*pgxpool.Conn
+	for range 3 {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+
+	tx, err := testPool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT 1 FROM %s WHERE key = $1 FOR UPDATE", qualified(table)), []byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	lctx, lcancel := context.WithCancel(ctx)
+	defer lcancel()
+	lone := make(chan error, 1)
+	go func() { // in flight alone: a and b queue behind it
+		_, err := take(lctx, "held")
+		lone <- err
+	}()
+	waitForLockWait(t, table)
+	errs := make(chan error, 2)
+	for _, k := range []string{"a", "b"} {
+		go func() {
+			_, err := take(ctx, k)
+			errs <- err
+		}()
+	}
+	time.Sleep(200 * time.Millisecond)
+	px.DropReplies(true)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	lcancel() // its reply is lost: its flight lands when the caller gives up
+	<-lone
+	// The shared transaction of a and b commits; its reply is dropped.
+	level := func(key string) int64 {
+		var tokens int64
+		if err := testPool.QueryRow(ctx, fmt.Sprintf("SELECT tokens FROM %s WHERE key = $1", qualified(table)), []byte(key)).Scan(&tokens); err != nil {
+			t.Fatal(err)
+		}
+		return tokens
+	}
+	want := l.Capacity - 2
+	for deadline := time.Now().Add(10 * time.Second); level("a") != want || level("b") != want; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the takes of a and b did not commit within 10s: levels %d and %d", level("a"), level("b"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	px.DropReplies(false)
+	px.Cut()
+	for range 2 {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, sluice.ErrUnavailable) {
+				t.Errorf("a take of a shared transaction whose reply was lost returned %v; want an error wrapping ErrUnavailable", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a take of a shared transaction whose connection was cut did not return within 10s")
+		}
+	}
+	for _, k := range []string{"a", "b"} {
+		if got := level(k); got != want {
+			t.Errorf("bucket %q holds %d tokens; want %d: the lost take was sent again", k, got, want)
+		}
+	}
+	if st := s.Stats(); st.SharedTakes != 2 {
+		t.Errorf("Stats() = %+v; want the two takes in one shared transaction", st)
 	}
 }
