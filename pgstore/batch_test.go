@@ -183,7 +183,7 @@ func TestSharedTransactionsSerial(t *testing.T) {
 // it, are sent again and charged once.
 func TestSharedTransactionRollback(t *testing.T) {
 	ctx := context.Background()
-	s, table := newStoreTable(t, pgstore.Options{Transactions: 1, StatementTimeout: time.Minute, LockTimeout: time.Second})
+	s, table := newStoreTable(t, pgstore.Options{Transactions: 1, StatementTimeout: time.Minute, LockTimeout: 2 * time.Second})
 	take := func(key string) (sluice.Decision, error) {
 		return s.Take(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: testLimit})
 	}
@@ -214,6 +214,7 @@ func TestSharedTransactionRollback(t *testing.T) {
 	for i, k := range keys {
 		wg.Go(func() { results[i].d, results[i].err = take(k) })
 	}
+	waitQueued(t, s, len(keys))
 	wg.Wait()
 	if r := <-first; !errors.Is(r.err, sluice.ErrUnavailable) {
 		t.Fatalf("take of the held bucket = %+v, %v; want a lock timeout (ErrUnavailable)", r.d, r.err)
@@ -270,6 +271,7 @@ func TestSharedTransactionWithdrawn(t *testing.T) {
 		_, err := s.Take(ctx, x)
 		stays <- err
 	}()
+	waitQueued(t, s, 1)
 	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -343,10 +345,15 @@ func TestSharedTransactionHeldRow(t *testing.T) {
 	}
 	waitForLockWait(t, table)
 	for i := range 5 {
+		// Without the retry by themselves, a take that shared a
+		// transaction with one of the held bucket would be rolled back
+		// again and again while takes of it keep coming.
+		fctx, cancel := context.WithTimeout(ctx, 25*lockTimeout)
 		start := time.Now()
-		d, err := s.Take(ctx, sluice.Request{Policy: testPolicy, Key: "free", Cost: 1, Limit: testLimit})
-		if elapsed := time.Since(start); err != nil || !d.Allowed || elapsed > 8*lockTimeout {
-			t.Errorf("take %d of a free bucket while another is held = %+v, %v after %v; want allowed within a few lock timeouts (%v)", i, d, err, elapsed, lockTimeout)
+		d, err := s.Take(fctx, sluice.Request{Policy: testPolicy, Key: "free", Cost: 1, Limit: testLimit})
+		cancel()
+		if err != nil || !d.Allowed {
+			t.Errorf("take %d of a free bucket while another is held = %+v, %v after %v; want allowed within a few lock timeouts (%v)", i, d, err, time.Since(start), lockTimeout)
 		}
 	}
 	close(stop)
@@ -361,6 +368,71 @@ func TestSharedTransactionHeldRow(t *testing.T) {
 	}
 	if st := s.Stats(); st.SharedTakes == 0 {
 		t.Fatalf("Stats() = %+v; want shared takes, or the test proves little", st)
+	}
+}
+
+// TestSharedTransactionOneBucketFails: when a call fails at the lock
+// timeout, the other takes of its bucket in the transaction fail with it,
+// at once, rather than each in a round of its own, one lock timeout after
+// another; a take of another bucket in the transaction is then decided
+// after one lock timeout, not after one per take of the held bucket.
+func TestSharedTransactionOneBucketFails(t *testing.T) {
+	const (
+		lockTimeout = 500 * time.Millisecond
+		held        = 4 // queued takes of the held bucket
+	)
+	ctx := context.Background()
+	s, table := newStoreTable(t, pgstore.Options{Transactions: 1, StatementTimeout: time.Minute, LockTimeout: lockTimeout})
+	take := func(key string) (sluice.Decision, error) {
+		return s.Take(ctx, sluice.Request{Policy: testPolicy, Key: key, Cost: 1, Limit: testLimit})
+	}
+	if _, err := take("held"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := testPool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT 1 FROM %s WHERE key = $1 FOR UPDATE", qualified(table)), []byte("held")); err != nil {
+		t.Fatal(err)
+	}
+	lone := make(chan error, 1)
+	go func() { // in flight alone, for up to one lock timeout
+		_, err := take("held")
+		lone <- err
+	}()
+	waitForLockWait(t, table)
+	errs := make(chan error, held)
+	for range held {
+		go func() {
+			_, err := take("held")
+			errs <- err
+		}()
+	}
+	waitQueued(t, s, held)
+	start := time.Now()
+	d, err := take("free") // queued last, sent first: "free" < "held"
+	elapsed := time.Since(start)
+	if err != nil || !d.Allowed {
+		t.Fatalf("take of a free bucket = %+v, %v; want allowed", d, err)
+	}
+	// The lone take's remaining wait and one lock timeout of the shared
+	// transaction: about two lock timeouts, where failing the held takes
+	// one per round would take one more for each, about five.
+	if limit := 7 * lockTimeout / 2; elapsed > limit {
+		t.Errorf("take of a free bucket behind %d takes of a held one took %v; want about two lock timeouts (%v), at most %v, not one more per held take", held, elapsed, 2*lockTimeout, limit)
+	}
+	if err := <-lone; !errors.Is(err, sluice.ErrUnavailable) {
+		t.Fatalf("lone take of the held bucket: %v; want a lock timeout", err)
+	}
+	for range held {
+		if err := <-errs; !errors.Is(err, sluice.ErrUnavailable) {
+			t.Fatalf("queued take of the held bucket: %v; want a lock timeout", err)
+		}
+	}
+	if st := s.Stats(); st.LockTimeouts != held+1 || st.SharedTransactions != 1 {
+		t.Errorf("Stats() = %+v; want %d lock timeouts and one shared transaction (the free take sent again by itself)", st, held+1)
 	}
 }
 
@@ -420,6 +492,18 @@ func (p *panicTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tr
 func (p *panicTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 
 func (p *panicTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// waitQueued returns once n takes of s wait for a shared transaction,
+// and fails t if they do not within 10s.
+func waitQueued(t *testing.T, s *pgstore.Store, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); pgstore.Queued(s) < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d takes queued after 10s; want %d", pgstore.Queued(s), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
 
 // TestBatchOptions: Batch and Transactions out of range are refused,
 // naming the value.
@@ -510,14 +594,18 @@ func TestSharedTransactionUnknownOutcome(t *testing.T) {
 			errs <- err
 		}()
 	}
-	time.Sleep(200 * time.Millisecond)
+	waitQueued(t, s, 2)
 	px.DropReplies(true)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond)
 	lcancel() // its reply is lost: its flight lands when the caller gives up
-	<-lone
+	select {
+	case <-lone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the take whose reply was lost did not return within 10s of its context's end")
+	}
 	// The shared transaction of a and b commits; its reply is dropped.
 	level := func(key string) int64 {
 		var tokens int64

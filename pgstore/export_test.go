@@ -9,3 +9,14 @@ func SetInsertFirst(s *Store, on bool) {
 		s.insertFirstMode = insertFirstNever
 	}
 }
+
+// Queued returns the number of takes of s waiting for a shared
+// transaction.
+func Queued(s *Store) int {
+	if s.batcher == nil {
+		return 0
+	}
+	s.batcher.mu.Lock()
+	defer s.batcher.mu.Unlock()
+	return len(s.batcher.queue)
+}

@@ -2,7 +2,8 @@
 // already run PostgreSQL and want quotas shared by many processes and kept
 // across restarts.
 //
-// Every decision is one transaction at READ COMMITTED. Its work is done by
+// Every decision runs in a transaction at READ COMMITTED: its own, or one
+// shared with concurrent takes (below). Its work is done by
 // a PL/pgSQL function, called in one statement, that locks the bucket's
 // row, refills it, converts it to a changed limit, decides, records the
 // request ID of an allowed decision and keeps the expiry column up to date,
@@ -387,7 +388,7 @@ func (o *Options) checkTimeouts() error {
 // every session of a pool made from cfg starts with them (replacing any
 // other spelling of their names there); a negative one is left as cfg has
 // it. A Store of that pool with the same timeouts then sends
-// no statement to set them before each decision, a statement that cost
+// no statement to set them in each transaction, a statement that cost
 // 4-9 % of the takes a second of new keys (docs/BENCHMARKS.md): New
 // compares its timeouts with its pool's startup parameters, and a decision
 // sets only those that differ.
@@ -548,9 +549,9 @@ func plan(l sluice.Limit) (bucket.Plan, error) {
 // sentinels; a limit that CheckLimit refuses is sluice.ErrInvalidLimit),
 // then makes the decision in one transaction: one statement, the take
 // function, or, for a new key, two plain statements that create the bucket
-// (docs/postgres.md, "Takes of new keys"); while other takes are in
-// flight, one call of the take function in a transaction shared with
-// other takes (Options.Batch). A request ID remembered with
+// (docs/postgres.md, "Takes of new keys"); while Options.Transactions
+// takes are in flight, one call of the take function in a transaction
+// shared with other takes (Options.Batch). A request ID remembered with
 // another cost or limit is sluice.ErrRequestIDConflict. A database that
 // cannot decide is an error wrapping sluice.ErrUnavailable, and a schema
 // that is missing or older than SchemaVersion one wrapping

@@ -71,8 +71,8 @@ type Stats struct {
 	InsertFirst, InsertFirstMisses uint64
 	// SharedTransactions is the number of transactions that decided
 	// several queued takes together (Options.Batch), and SharedTakes the
-	// takes they carried, a take sent again after another's error counted
-	// again.
+	// takes they carried: a take sent again after another's error counts
+	// again if it is shared again.
 	SharedTransactions, SharedTakes uint64
 }
 

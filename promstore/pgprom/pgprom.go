@@ -100,7 +100,7 @@ func Register(reg prometheus.Registerer, o promstore.Options, stats func() pgsto
 		sharedTransactions: desc("shared_transactions_total",
 			"Transactions of the PostgreSQL store that decided several concurrent takes together."),
 		sharedTakes: desc("shared_takes_total",
-			"Takes of the PostgreSQL store decided in a transaction shared with other takes; one sent again after another take's error counts again."),
+			"Takes of the PostgreSQL store decided in a transaction shared with other takes; one sent again in a shared transaction after another take's error counts again."),
 	})
 }
 

@@ -137,7 +137,7 @@ app_pgstore_insert_first_misses_total{store="pg"} 6
 # HELP app_pgstore_insert_first_total Takes of the PostgreSQL store that tried to create their bucket with a plain insert before deciding.
 # TYPE app_pgstore_insert_first_total counter
 app_pgstore_insert_first_total{store="pg"} 9
-# HELP app_pgstore_shared_takes_total Takes of the PostgreSQL store decided in a transaction shared with other takes; one sent again after another take's error counts again.
+# HELP app_pgstore_shared_takes_total Takes of the PostgreSQL store decided in a transaction shared with other takes; one sent again in a shared transaction after another take's error counts again.
 # TYPE app_pgstore_shared_takes_total counter
 app_pgstore_shared_takes_total{store="pg"} 30
 # HELP app_pgstore_shared_transactions_total Transactions of the PostgreSQL store that decided several concurrent takes together.
