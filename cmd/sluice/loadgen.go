@@ -94,6 +94,7 @@ func loadgen(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.
 	fs.StringVar(&tc.PGSchema, "pg-schema", "", "postgres: the schema of the store's tables (default public)")
 	fs.StringVar(&tc.PGTable, "pg-table", "", "postgres: the store's table (default sluice_buckets)")
 	fs.BoolVar(&tc.PGPerTransactionTimeouts, "pg-per-transaction-timeouts", false, "postgres: set the timeouts in each decision's transaction, not in the sessions (behind PgBouncer)")
+	fs.IntVar(&tc.StoreBatch, "store-batch", 0, "redis and postgres: the most concurrent decisions the store sends together, 1 to 1000 (1: each alone; default: the store's, 64)")
 
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -213,6 +214,7 @@ func loadgenFlags(tc *lg.TargetConfig, o *lg.Options, set map[string]bool, limit
 		{"pg-schema", kind == lg.KindPostgres, "postgres:// targets"},
 		{"pg-table", kind == lg.KindPostgres, "postgres:// targets"},
 		{"pg-per-transaction-timeouts", kind == lg.KindPostgres, "postgres:// targets"},
+		{"store-batch", kind == lg.KindRedis || kind == lg.KindPostgres, "redis:// and postgres:// targets"},
 		{"zipf-s", o.Keys.Dist == lg.DistZipf, "-dist zipf"},
 		{"hot-share", o.Keys.Dist == lg.DistHot, "-dist hot"},
 		{"hot-keys", o.Keys.Dist == lg.DistHot, "-dist hot"},
@@ -220,6 +222,9 @@ func loadgenFlags(tc *lg.TargetConfig, o *lg.Options, set map[string]bool, limit
 		if err := only(c.flag, c.ok, c.where); err != nil {
 			return err
 		}
+	}
+	if set["store-batch"] && (tc.StoreBatch < 1 || tc.StoreBatch > 1000) {
+		return fmt.Errorf("-store-batch %d: want 1 to 1000", tc.StoreBatch)
 	}
 	if kind == lg.KindEnvoy {
 		tc.Policy = "envoy" // not sent: the rules name the policy

@@ -151,6 +151,8 @@ func TestLoadgenUsageErrors(t *testing.T) {
 		{[]string{"-token-env", "SLUICE_LOADGEN_UNSET"}, "SLUICE_LOADGEN_UNSET is not set"},
 		{[]string{"-interval", "1ms"}, "-interval"},
 		{[]string{"-target", "memory", "-limit", "5 1/s", "-pg-per-transaction-timeouts"}, "-pg-per-transaction-timeouts applies to"},
+		{[]string{"-target", "memory", "-limit", "5 1/s", "-store-batch", "1"}, "-store-batch applies to"},
+		{[]string{"-target", "redis://127.0.0.1:1/0", "-limit", "5 1/s", "-store-batch", "0"}, "-store-batch 0: want 1 to 1000"},
 		// Nothing answers on port 1 of loopback: the check fails before
 		// any load.
 		{[]string{"-target", "http://127.0.0.1:1"}, "cannot reach"},
@@ -439,6 +441,12 @@ func TestLoadgenStores(t *testing.T) {
 		got, stderr, err = runLoadgen(t, args...)
 		if err != nil || got.Allowed != 50 || got.Denied != 50 || got.Errors != 0 {
 			t.Fatalf("loadgen -pg-per-transaction-timeouts: %+v, %v\n%s; want 50 allowed, 50 denied", got, err, stderr)
+		}
+		// And with every take in a transaction of its own.
+		args = append(args[:len(args)-2], "-store-batch", "1", "-policy", "loadgen-batch1")
+		got, stderr, err = runLoadgen(t, args...)
+		if err != nil || got.Allowed != 50 || got.Denied != 50 || got.Errors != 0 {
+			t.Fatalf("loadgen -store-batch 1: %+v, %v\n%s; want 50 allowed, 50 denied", got, err, stderr)
 		}
 	})
 }

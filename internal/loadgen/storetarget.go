@@ -73,7 +73,7 @@ func openRedis(ctx context.Context, c TargetConfig) (Target, error) {
 	o.ContextTimeoutEnabled, o.MaxRetries, o.DialerRetries = true, -1, 1
 	o.PoolSize = max(o.PoolSize, min(c.Slots, 256))
 	client := redis.NewClient(o)
-	st, err := redisstore.New(client, redisstore.Options{})
+	st, err := redisstore.New(client, redisstore.Options{Batch: c.StoreBatch})
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -111,7 +111,7 @@ func openPostgres(ctx context.Context, c TargetConfig) (Target, error) {
 		// One connection per slot, up to 64, unless the URL says.
 		pc.MaxConns = int32(min(c.Slots, 64))
 	}
-	o := pgstore.Options{Schema: c.PGSchema, Table: c.PGTable}
+	o := pgstore.Options{Schema: c.PGSchema, Table: c.PGTable, Batch: c.StoreBatch}
 	if err := readyPool(pc, o, c.PGPerTransactionTimeouts); err != nil {
 		return nil, err
 	}

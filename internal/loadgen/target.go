@@ -141,6 +141,10 @@ type TargetConfig struct {
 	// transaction instead of in the pool's sessions, as the service's
 	// store.postgres.per_transaction_timeouts does (for PgBouncer).
 	PGPerTransactionTimeouts bool
+	// StoreBatch is the Redis or PostgreSQL store's Options.Batch: the
+	// most concurrent decisions it sends together (0: the store's
+	// default; 1: each alone).
+	StoreBatch int
 }
 
 // Kind returns the kind of target url names, or "" for none.
