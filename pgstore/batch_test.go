@@ -190,14 +190,7 @@ func TestSharedTransactionRollback(t *testing.T) {
 	if _, err := take("held"); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := testPool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT 1 FROM %s WHERE key = $1 FOR UPDATE", qualified(table)), []byte("held")); err != nil {
-		t.Fatal(err)
-	}
+	lockRow(t, table, "held")
 	type result struct {
 		d   sluice.Decision
 		err error
@@ -250,14 +243,7 @@ func TestSharedTransactionWithdrawn(t *testing.T) {
 	if _, err := s.Take(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := testPool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT 1 FROM %s WHERE key = $1 FOR UPDATE", qualified(table)), []byte("held")); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockRow(t, table, "held")
 	first := make(chan error, 1)
 	go func() {
 		_, err := s.Take(ctx, r)
@@ -314,14 +300,7 @@ func TestSharedTransactionHeldRow(t *testing.T) {
 	if _, err := s.Take(ctx, held); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := testPool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT 1 FROM %s WHERE key = $1 FOR UPDATE", qualified(table)), []byte("held")); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockRow(t, table, "held")
 	stop := make(chan struct{})
 	var (
 		wg       sync.WaitGroup
@@ -389,14 +368,7 @@ func TestSharedTransactionOneBucketFails(t *testing.T) {
 	if _, err := take("held"); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := testPool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT 1 FROM %s WHERE key = $1 FOR UPDATE", qualified(table)), []byte("held")); err != nil {
-		t.Fatal(err)
-	}
+	lockRow(t, table, "held")
 	lone := make(chan error, 1)
 	go func() { // in flight alone, for up to one lock timeout
 		_, err := take("held")
@@ -493,6 +465,22 @@ func (p *panicTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatch
 
 func (p *panicTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
+// lockRow locks the row of key in table in a transaction of another
+// session, as a decision elsewhere would hold it, and returns that
+// transaction; it is rolled back when t ends, if not before.
+func lockRow(t *testing.T, table, key string) pgx.Tx {
+	t.Helper()
+	tx, err := testPool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(t.Context(), fmt.Sprintf("SELECT 1 FROM %s WHERE key = $1 FOR UPDATE", qualified(table)), []byte(key)); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
 // waitQueued returns once n takes of s wait for a shared transaction,
 // and fails t if they do not within 10s.
 func waitQueued(t *testing.T, s *pgstore.Store, n int) {
@@ -571,14 +559,7 @@ func TestSharedTransactionUnknownOutcome(t *testing.T) {
 		c.Release()
 	}
 
-	tx, err := testPool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT 1 FROM %s WHERE key = $1 FOR UPDATE", qualified(table)), []byte("held")); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockRow(t, table, "held")
 	lctx, lcancel := context.WithCancel(ctx)
 	defer lcancel()
 	lone := make(chan error, 1)

@@ -66,13 +66,13 @@ var tableLimiterSet = map[string]tableLimiter{
 		}, []string{table}
 	}},
 	"sluice": {"sluice", func(tb testing.TB) (func(ctx context.Context, key string) error, []string) {
-		return tableSluice(newStoreOpts(tb, "table_sluice", *tableSync, callers, false, pgstore.Options{Transactions: *tableTx}), "table_sluice")
+		return tableSluice(newStoreWith(tb, "table_sluice", *tableSync, callers, false, pgstore.Options{Transactions: *tableTx}), "table_sluice")
 	}},
 	"sluice-session": {"sluice-session", func(tb testing.TB) (func(ctx context.Context, key string) error, []string) {
-		return tableSluice(newStoreOpts(tb, "table_session", *tableSync, callers, true, pgstore.Options{Transactions: *tableTx}), "table_session")
+		return tableSluice(newStoreWith(tb, "table_session", *tableSync, callers, true, pgstore.Options{Transactions: *tableTx}), "table_session")
 	}},
 	"sluice-batch1": {"sluice-batch1", func(tb testing.TB) (func(ctx context.Context, key string) error, []string) {
-		return tableSluice(newStoreOpts(tb, "table_batch1", *tableSync, callers, false, pgstore.Options{Batch: 1}), "table_batch1")
+		return tableSluice(newStoreWith(tb, "table_batch1", *tableSync, callers, false, pgstore.Options{Batch: 1}), "table_batch1")
 	}},
 	"sluice-notimeouts": {"sluice-notimeouts", func(tb testing.TB) (func(ctx context.Context, key string) error, []string) {
 		pool := tablePool(tb)

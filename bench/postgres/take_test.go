@@ -91,18 +91,13 @@ func newStore(tb testing.TB, table, sync string) *pgstore.Store {
 // newStoreConns is newStore with a pool of conns connections.
 func newStoreConns(tb testing.TB, table, sync string, conns int32) *pgstore.Store {
 	tb.Helper()
-	return newStoreWith(tb, table, sync, conns, false)
+	return newStoreWith(tb, table, sync, conns, false, pgstore.Options{})
 }
 
 // newStoreWith is newStoreConns whose pool's sessions carry the timeouts
-// (pgstore.SessionTimeouts) if session is set.
-func newStoreWith(tb testing.TB, table, sync string, conns int32, session bool) *pgstore.Store {
-	tb.Helper()
-	return newStoreOpts(tb, table, sync, conns, session, pgstore.Options{})
-}
-
-// newStoreOpts is newStoreWith with o's Batch and Transactions.
-func newStoreOpts(tb testing.TB, table, sync string, conns int32, session bool, o pgstore.Options) *pgstore.Store {
+// (pgstore.SessionTimeouts) if session is set, with o's Batch and
+// Transactions.
+func newStoreWith(tb testing.TB, table, sync string, conns int32, session bool, o pgstore.Options) *pgstore.Store {
 	tb.Helper()
 	if skipReason != "" {
 		tb.Skip(skipReason)
